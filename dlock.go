@@ -1,0 +1,173 @@
+// Package dlock provides distributed locks on Redis: a mutex whose every
+// holding is a Lease with a 128-bit owner token, a fencing token, a context
+// that ends when the lease is lost, watchdog renewal and an idempotent Unlock.
+//
+// # What dlock guarantees
+//
+// On one Redis server (and on Sentinel or Cluster with the caveats below):
+//
+//   - Mutual exclusion while the holder's pauses and network delays stay well
+//     under the TTL and the server neither loses data nor steps its clock. All
+//     deadlines are the server's (Lua scripts read TIME); the client measures
+//     elapsed time only with Go's monotonic clock, so client wall-clock jumps
+//     change nothing.
+//   - Lease.Context ends, with context.Cause ErrLockLost, no later than the
+//     lease's deadline on the holder's monotonic clock when renewal cannot
+//     reach Redis, and as soon as renewal finds the lock gone (expired, deleted
+//     or overwritten). Lease.Unlock and Lease.Extend return ErrLockLost then,
+//     and never touch a lock that changed hands; Extend never recreates it.
+//   - Fences (Lease.Fence) strictly increase per lock name across all holders.
+//     The counter lives in the lock's own key and is reseeded from the server
+//     clock in microseconds when that key is reclaimed after the idle period
+//     (WithIdleExpiry), so it stays increasing across reclaims and restarts as
+//     long as the server clock does not step backwards.
+//   - Waiting is notified, not polled: Unlock publishes on the lock's sharded
+//     pub/sub channel, waiters of one Client share one subscription and queue
+//     locally in arrival order, and only the head of that queue contends at
+//     Redis. Every wait is bounded by the holder's remaining TTL, so a missed
+//     message or a crashed holder costs at most that TTL. Lock waits until its
+//     ctx ends; there is no retry limit.
+//
+// # What it does not guarantee
+//
+// A lease is a lease: a holder paused past its TTL (GC, SIGSTOP, swap) keeps
+// running after someone else obtained the lock. Its Lease.Context has ended
+// by then, but only a resource that checks Lease.Fence can reject its late
+// writes; use fences for anything that must never see a stale writer. A
+// failover can lose a lock that had not reached the replica, and a server
+// clock that jumps forward expires locks early.
+package dlock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// MaxNameLen is the longest lock name accepted, in bytes.
+const MaxNameLen = 1024
+
+// A Client owns the Redis connection, one shared subscription for wake-ups
+// and one watchdog that renews every lease it holds. It is safe for
+// concurrent use. Close it when done: that ends its goroutines and releases
+// the leases it still holds.
+type Client struct {
+	rdb      redis.UniversalClient
+	ctxAware bool // rdb bounds I/O by ctx deadlines itself
+	cfg      clientConfig
+	idleArg  string // idle period in ms, formatted once
+
+	closed atomic.Bool
+	bg     context.Context // ends at Close
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+
+	tokens tokenSource
+	dog    watchdog
+
+	mu     sync.Mutex        // guards queues and hub
+	queues map[string]*queue // local waiters per lock key
+	hub    wakeHub
+}
+
+// New returns a Client over rdb: a go-redis v9 single-node, failover
+// (Sentinel) or cluster client. The Client does not own rdb: Close leaves it
+// open.
+func New(rdb redis.UniversalClient, opts ...Option) *Client {
+	cfg := defaultClientConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.New(slog.DiscardHandler)
+	}
+	bg, stop := context.WithCancel(context.Background())
+	c := &Client{
+		rdb:      rdb,
+		ctxAware: contextAware(rdb),
+		cfg:      cfg,
+		idleArg:  strconv.FormatInt(cfg.idle.Milliseconds(), 10),
+		bg:       bg,
+		stop:     stop,
+		queues:   make(map[string]*queue),
+	}
+	c.dog.init()
+	c.hub.init()
+	return c
+}
+
+// Close ends the Client: held leases are released (best effort, within a
+// few seconds) and their contexts end with cause ErrClosed; waiting calls
+// return ErrClosed; background goroutines end. Further calls return
+// ErrClosed. Close is idempotent and does not close the Redis client.
+func (c *Client) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	held := c.dog.drain()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.bg), 3*time.Second)
+	defer cancel()
+	for _, h := range held {
+		if h.end(stateClosed, ErrClosed) {
+			_, _ = releaseScript.run(ctx, c.rdb, []string{h.key}, h.token, h.fenceArg(), c.idleArg, h.key)
+		}
+	}
+	c.stop()
+	c.closeHub()
+	c.wg.Wait()
+	return nil
+}
+
+// key maps a lock name to its Redis key. The braces make the name the hash
+// tag, so every key and channel of one lock lives in one Cluster slot.
+func (c *Client) key(name string) string {
+	return c.cfg.prefix + "{" + name + "}"
+}
+
+func validName(name string) error {
+	switch {
+	case name == "":
+		return invalidf("lock name is empty")
+	case len(name) > MaxNameLen:
+		return invalidf("lock name is %d bytes, longer than MaxNameLen (%d)", len(name), MaxNameLen)
+	}
+	return nil
+}
+
+func validTTL(ttl time.Duration) error {
+	switch {
+	case ttl < time.Millisecond:
+		return invalidf("TTL %v is below 1ms", ttl)
+	case ttl > MaxTTL:
+		return invalidf("TTL %v is above MaxTTL (%v)", ttl, MaxTTL)
+	}
+	return nil
+}
+
+// tokenSource hands out 128-bit crypto-random owner tokens. It reads
+// randomness in blocks so that a lock costs no system call of its own.
+type tokenSource struct {
+	mu  sync.Mutex
+	buf [16 * 256]byte
+	off int
+}
+
+func (t *tokenSource) next() string {
+	var b [16]byte
+	t.mu.Lock()
+	if t.off == 0 || t.off == len(t.buf) {
+		_, _ = rand.Read(t.buf[:]) // never fails on supported platforms (crypto/rand contract)
+		t.off = 0
+	}
+	copy(b[:], t.buf[t.off:t.off+16])
+	t.off += 16
+	t.mu.Unlock()
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}

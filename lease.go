@@ -1,0 +1,362 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+)
+
+type holdState uint8
+
+const (
+	stateHeld     holdState = iota
+	stateReleased           // Unlock gave it up
+	stateLost               // expired, deleted, overwritten, or renewal failed past the deadline
+	stateClosed             // the Client closed
+)
+
+// holding is one ownership of a lock in Redis. Reentrant Lock calls share it;
+// each of them gets its own Lease.
+type holding struct {
+	c      *Client
+	name   string
+	key    string
+	token  string
+	fence  uint64
+	renew  bool
+	parent context.Context // the ctx Lock was called with: values of the lease context come from it
+
+	mu       sync.Mutex
+	ttl      time.Duration
+	deadline time.Time // monotonic: valid until then, unless renewed
+	state    holdState
+	cause    error
+	holds    int // leases not yet unlocked
+	ctx      *leaseContext
+	cancel   context.CancelCauseFunc
+
+	// Watchdog bookkeeping, guarded by c.dog.mu.
+	due   time.Time
+	idx   int // position in the watchdog heap, -1 when absent
+	busy  bool
+	first Lease // the outermost lease, allocated with the holding
+}
+
+// validity is how long after sending an acquire or extend the holder may
+// rely on it: the TTL less 1% for the rate difference of the two clocks.
+func validity(ttl time.Duration) time.Duration { return ttl - ttl/100 }
+
+func (c *Client) newHolding(ctx context.Context, name, key, token string, fence uint64, ttl time.Duration, renew bool, sent time.Time) *holding {
+	h := &holding{
+		c: c, name: name, key: key, token: token, fence: fence, renew: renew, parent: ctx,
+		ttl: ttl, deadline: sent.Add(validity(ttl)), holds: 1, idx: -1,
+	}
+	h.first.h = h
+	c.dog.add(h, h.nextDue(sent))
+	return h
+}
+
+// nextDue is when the watchdog must next look at h: renew at a third of the
+// TTL, or at the deadline when it does not renew. Called with h.mu held or
+// before h is shared.
+func (h *holding) nextDue(sent time.Time) time.Time {
+	if h.renew {
+		return sent.Add(h.ttl / 3)
+	}
+	return h.deadline
+}
+
+func (h *holding) fenceArg() string { return strconv.FormatUint(h.fence, 10) }
+
+// end moves a held lock to a final state and ends its context. It reports
+// whether this call did it.
+func (h *holding) end(st holdState, cause error) bool {
+	h.mu.Lock()
+	if h.state != stateHeld {
+		h.mu.Unlock()
+		return false
+	}
+	h.state, h.cause = st, cause
+	cancel := h.cancel
+	h.mu.Unlock()
+	if cancel != nil {
+		cancel(cause)
+	}
+	h.c.dog.remove(h)
+	if st == stateLost {
+		h.c.cfg.logger.Warn("dlock: lease lost", "lock", h.name, "fence", h.fence, "cause", cause)
+	}
+	return true
+}
+
+// lose ends the holding with cause ErrLockLost (wrapping why).
+func (h *holding) lose(why string) {
+	h.end(stateLost, fmt.Errorf("%w: %s", ErrLockLost, why))
+}
+
+// checkDeadline ends the holding if its deadline passed, so that a holder
+// resuming from a pause sees its lease ended before any timer has fired.
+func (h *holding) checkDeadline() {
+	h.mu.Lock()
+	expired := h.state == stateHeld && !time.Now().Before(h.deadline)
+	h.mu.Unlock()
+	if expired {
+		h.lose("lease deadline passed before renewal")
+	}
+}
+
+// context returns the lease context, creating it on first use (most leases
+// never need one).
+func (h *holding) context() context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ctx == nil {
+		ctx, cancel := context.WithCancelCause(context.WithoutCancel(h.parent))
+		h.ctx = &leaseContext{Context: ctx, h: h}
+		h.cancel = cancel
+		if h.state != stateHeld {
+			cancel(h.cause)
+		}
+	}
+	return h.ctx
+}
+
+type leaseKey struct{}
+
+// leaseContext is the context of a holding. It checks the lease deadline on
+// every Done and Err, and lets Lock find the holding for reentrancy.
+type leaseContext struct {
+	context.Context
+	h *holding
+}
+
+func (c *leaseContext) Done() <-chan struct{} {
+	c.h.checkDeadline()
+	return c.Context.Done()
+}
+
+func (c *leaseContext) Err() error {
+	c.h.checkDeadline()
+	return c.Context.Err()
+}
+
+func (c *leaseContext) Value(key any) any {
+	if key == (leaseKey{}) {
+		return c.h
+	}
+	return c.Context.Value(key)
+}
+
+// heldIn finds a holding of key by c among the lease contexts ctx descends from.
+func (c *Client) heldIn(ctx context.Context, key string) *holding {
+	for v := ctx.Value(leaseKey{}); v != nil; {
+		h := v.(*holding)
+		if h.c == c && h.key == key {
+			return h
+		}
+		v = h.parent.Value(leaseKey{})
+	}
+	return nil
+}
+
+// reenter adds one more lease to a holding (a reentrant Lock).
+func (h *holding) reenter() (*Lease, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state != stateHeld {
+		return nil, nameErr(h.name, h.cause)
+	}
+	h.holds++
+	return &Lease{h: h}, nil
+}
+
+// A Lease is one holding of a lock. Its methods are safe for concurrent use.
+type Lease struct {
+	h        *holding
+	unlocked bool  // guarded by h.mu
+	result   error // what the completed Unlock returned, guarded by h.mu
+}
+
+// Name returns the lock name.
+func (l *Lease) Name() string { return l.h.name }
+
+// Token returns the owner token: 128 bits from crypto/rand, base64url
+// encoded. Reentrant leases share the token of the outermost one.
+func (l *Lease) Token() string { return l.h.token }
+
+// Fence returns the fencing token: strictly greater than the fence of every
+// earlier holding of this lock name, by any client. Pass it to storage that
+// rejects writes carrying a fence lower than one it has seen.
+func (l *Lease) Fence() uint64 { return l.h.fence }
+
+// Context returns a context that ends when the lease ends: context.Cause is
+// ErrLockLost if it was lost (renewal found it gone, or its deadline passed
+// without renewal), ErrClosed if the Client closed, context.Canceled after
+// Unlock. It carries the values of the ctx the lock was obtained with, and
+// a Lock of the same lock with a ctx derived from it re-enters the lock.
+func (l *Lease) Context() context.Context { return l.h.context() }
+
+// Extend sets the lease to end ttl from now (at Redis), and makes ttl the
+// lease length the watchdog renews to from then on. It returns ErrLockLost if
+// the lease is no longer held; it never recreates an expired lock. An error
+// from Redis leaves the deadline unchanged: the extension counts as not made.
+func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	h := l.h
+	if err := validTTL(ttl); err != nil {
+		return nameErr(h.name, err)
+	}
+	if h.c.closed.Load() {
+		return nameErr(h.name, ErrClosed)
+	}
+	if err := l.live(); err != nil {
+		return err
+	}
+	sent := time.Now()
+	v, err := h.c.eval(ctx, extendScript, []string{h.key}, h.token, strconv.FormatInt(ttl.Milliseconds(), 10), h.c.idleArg)
+	if err != nil {
+		if errors.Is(scriptErr(h.key, err), ErrForeignKey) {
+			h.lose("lock key overwritten by another value")
+			return nameErr(h.name, h.causeOr(ErrLockLost))
+		}
+		return nameErr(h.name, err)
+	}
+	if v.(int64) != 1 {
+		h.lose("extend found the lock gone")
+		return nameErr(h.name, h.causeOr(ErrLockLost))
+	}
+	h.mu.Lock()
+	if h.state == stateHeld {
+		h.ttl = ttl
+		h.deadline = sent.Add(validity(ttl))
+	}
+	due := h.nextDue(sent)
+	h.mu.Unlock()
+	h.c.dog.reschedule(h, due)
+	return nil
+}
+
+// live returns nil if the lease is still held, else ErrLockLost (or why it ended).
+func (l *Lease) live() error {
+	h := l.h
+	h.checkDeadline()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if l.unlocked {
+		return nameErr(h.name, fmt.Errorf("%w: lease already unlocked", ErrLockLost))
+	}
+	if h.state != stateHeld {
+		return nameErr(h.name, h.cause)
+	}
+	return nil
+}
+
+func (h *holding) causeOr(def error) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cause != nil {
+		return h.cause
+	}
+	return def
+}
+
+// TTL returns how long the lease has left at Redis, or ErrLockLost.
+func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
+	h := l.h
+	if h.c.closed.Load() {
+		return 0, nameErr(h.name, ErrClosed)
+	}
+	if err := l.live(); err != nil {
+		return 0, err
+	}
+	v, err := h.c.eval(ctx, pttlScript, []string{h.key}, h.token)
+	if err != nil {
+		if errors.Is(scriptErr(h.key, err), ErrForeignKey) {
+			h.lose("lock key overwritten by another value")
+			return 0, nameErr(h.name, h.causeOr(ErrLockLost))
+		}
+		return 0, nameErr(h.name, err)
+	}
+	us := v.(int64)
+	if us < 0 {
+		h.lose("the lock is no longer held by this lease")
+		return 0, nameErr(h.name, h.causeOr(ErrLockLost))
+	}
+	return time.Duration(us) * time.Microsecond, nil
+}
+
+// Unlock ends the lease. The lock is released at Redis when the outermost of
+// reentrant leases unlocks. It returns ErrLockLost if the lease had been
+// lost before (someone else may have held the lock meanwhile). It is safe to
+// call again: after a Redis error it retries the release (which is
+// idempotent at Redis); after success or ErrLockLost it returns the same result.
+func (l *Lease) Unlock(ctx context.Context) error {
+	h := l.h
+	h.mu.Lock()
+	if l.unlocked {
+		err := l.result
+		h.mu.Unlock()
+		return err
+	}
+	if h.holds > 1 {
+		// An inner reentrant lease: the lock stays held by the outer ones.
+		h.holds--
+		l.unlocked = true
+		if h.state != stateHeld {
+			l.result = nameErr(h.name, h.cause)
+		}
+		err := l.result
+		h.mu.Unlock()
+		return err
+	}
+	st, cause := h.state, h.cause
+	h.mu.Unlock()
+	if st == stateClosed || h.c.closed.Load() {
+		return l.finish(nameErr(h.name, ErrClosed))
+	}
+
+	// Stop renewing and end the lease context before releasing: a lease
+	// that is being given up is no longer one to rely on.
+	if st == stateHeld {
+		h.end(stateReleased, context.Canceled)
+	}
+	v, err := h.c.eval(ctx, releaseScript, []string{h.key}, h.token, h.fenceArg(), h.c.idleArg, h.key)
+	if err != nil {
+		if errors.Is(scriptErr(h.key, err), ErrForeignKey) {
+			return l.finish(nameErr(h.name, fmt.Errorf("%w: %w", ErrLockLost, scriptErr(h.key, err))))
+		}
+		// Outcome unknown: the lease stays un-unlocked so a retry runs the
+		// (idempotent) release again.
+		return nameErr(h.name, fmt.Errorf("release: %w", err))
+	}
+	switch v.(int64) {
+	case 1, 2:
+		h.c.wakeLocal(h.key)
+		if st == stateLost {
+			return l.finish(nameErr(h.name, cause))
+		}
+		return l.finish(nil)
+	case -1:
+		h.c.wakeLocal(h.key)
+		return l.finish(nameErr(h.name, fmt.Errorf("%w: lease had expired before Unlock", ErrLockLost)))
+	default:
+		if st == stateLost {
+			return l.finish(nameErr(h.name, cause))
+		}
+		return l.finish(nameErr(h.name, fmt.Errorf("%w: the lock was no longer held by this lease", ErrLockLost)))
+	}
+}
+
+func (l *Lease) finish(err error) error {
+	h := l.h
+	h.mu.Lock()
+	if !l.unlocked {
+		l.unlocked, l.result = true, err
+		h.holds--
+	}
+	err = l.result
+	h.mu.Unlock()
+	return err
+}

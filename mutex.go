@@ -1,0 +1,249 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// A Mutex is a distributed exclusive lock on one name. It is cheap: create
+// one per use or keep it; it holds no state at Redis until locked. Every
+// successful Lock or TryLock returns its own Lease.
+type Mutex struct {
+	c      *Client
+	name   string
+	keys   []string // the lock key, shared by every call (go-redis only reads it)
+	ttl    time.Duration
+	ttlArg string
+	renew  bool
+	err    error // invalid name or option, reported by every call
+}
+
+// Mutex returns the lock called name. The name is any non-empty string of
+// at most MaxNameLen bytes; it becomes part of the Redis key
+// prefix + "{" + name + "}". Invalid names and options are reported by the
+// Mutex's methods as ErrInvalidArgument.
+func (c *Client) Mutex(name string, opts ...LockOption) *Mutex {
+	cfg := lockConfig{ttl: DefaultTTL}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	m := &Mutex{c: c, name: name, keys: []string{c.key(name)}, ttl: cfg.ttl, renew: !cfg.noRenew}
+	m.ttlArg = strconv.FormatInt(cfg.ttl.Milliseconds(), 10)
+	if err := validName(name); err != nil {
+		m.err = err
+	} else if err := validTTL(cfg.ttl); err != nil {
+		m.err = err
+	}
+	return m
+}
+
+// Name returns the lock name.
+func (m *Mutex) Name() string { return m.name }
+
+// TryLock makes one attempt. It returns ErrNotObtained if another holder has
+// the lock. If ctx descends from a lease context of this lock (same Client),
+// it re-enters the lock instead (see Lock).
+func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
+	if l, err, done := m.start(ctx); done {
+		return l, err
+	}
+	token := m.c.tokens.next()
+	l, _, err := m.attempt(ctx, token)
+	if err != nil {
+		m.abandon(ctx, token, err)
+		return nil, m.fail(ctx, err)
+	}
+	if l == nil {
+		return nil, nameErr(m.name, ErrNotObtained)
+	}
+	return l, nil
+}
+
+// Lock waits until it holds the lock or ctx ends; then it returns an error
+// that errors.Is ctx.Err(). There is no retry limit and no polling: it is woken
+// by the holder's release (or by the holder's TTL running out). Waiters of
+// one Client are served in arrival order.
+//
+// Reentrancy: if ctx descends from the Context of a Lease of this lock on this
+// Client, Lock returns a new Lease on the same holding at once (a hold count).
+// The lock is released when every one of those leases has unlocked.
+func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
+	if l, err, done := m.start(ctx); done {
+		return l, err
+	}
+	token := m.c.tokens.next()
+	if !m.c.queued(m.keys[0]) {
+		// Nobody of ours waits for this lock: try it at once.
+		l, _, err := m.attempt(ctx, token)
+		if l != nil {
+			return l, nil
+		}
+		if err != nil && (ctx.Err() != nil || permanent(err)) {
+			m.abandon(ctx, token, err)
+			return nil, m.fail(ctx, err)
+		}
+	}
+	return m.wait(ctx, token)
+}
+
+// Do locks, runs fn with the lease's context (which ends if the lease is
+// lost), and unlocks. It returns fn's error; if fn succeeded but the lease was
+// lost while it ran, it returns ErrLockLost.
+func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	l, err := m.Lock(ctx)
+	if err != nil {
+		return err
+	}
+	ferr := fn(l.Context())
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.ttl)
+	uerr := l.Unlock(uctx)
+	cancel()
+	if ferr != nil {
+		return ferr
+	}
+	return uerr
+}
+
+// start checks what every call checks first, and handles reentrancy.
+func (m *Mutex) start(ctx context.Context) (l *Lease, err error, done bool) {
+	switch {
+	case m.err != nil:
+		return nil, nameErr(m.name, m.err), true
+	case m.c.closed.Load():
+		return nil, nameErr(m.name, ErrClosed), true
+	case ctx.Err() != nil:
+		return nil, m.fail(ctx, ctx.Err()), true
+	}
+	if h := m.c.heldIn(ctx, m.keys[0]); h != nil {
+		l, err := h.reenter()
+		return l, err, true
+	}
+	return nil, nil, false
+}
+
+// attempt runs the acquire script once. It returns the lease, or how long
+// the current holder has left, or an error (whose outcome may be unknown).
+func (m *Mutex) attempt(ctx context.Context, token string) (*Lease, time.Duration, error) {
+	sent := time.Now()
+	v, err := m.c.eval(ctx, acquireScript, m.keys, token, m.ttlArg, m.c.idleArg)
+	if err != nil {
+		return nil, 0, scriptErr(m.keys[0], err)
+	}
+	r, ok := v.([]any)
+	if !ok || len(r) != 2 {
+		return nil, 0, fmt.Errorf("dlock: unexpected acquire reply %v", v)
+	}
+	ok1, _ := r[0].(int64)
+	n, _ := r[1].(int64)
+	if ok1 != 1 {
+		return nil, time.Duration(n) * time.Millisecond, nil
+	}
+	if m.c.closed.Load() {
+		// Close raced with us: give the lock straight back.
+		m.abandon(ctx, token, ErrClosed)
+		return nil, 0, ErrClosed
+	}
+	h := m.c.newHolding(ctx, m.name, m.keys[0], token, uint64(n), m.ttl, m.renew, sent)
+	return &h.first, 0, nil
+}
+
+// permanent reports errors that retrying cannot cure.
+func permanent(err error) bool {
+	return errors.Is(err, ErrForeignKey) || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalidArgument)
+}
+
+// fail wraps err for the caller; a ctx error comes out so that it errors.Is ctx.Err().
+func (m *Mutex) fail(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		if cause := context.Cause(ctx); cause != nil && cause != cerr {
+			return fmt.Errorf("dlock: lock %q: %w (%w)", m.name, cerr, cause)
+		}
+		return nameErr(m.name, cerr)
+	}
+	return nameErr(m.name, err)
+}
+
+// abandon releases, in the background, an acquire whose reply was lost: it
+// may have been applied, and then nobody would unlock it before its TTL.
+func (m *Mutex) abandon(ctx context.Context, token string, err error) {
+	if err == nil || errors.Is(err, ErrForeignKey) || errors.Is(err, ErrInvalidArgument) {
+		return
+	}
+	c := m.c
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.ttl, 5*time.Second))
+		defer cancel()
+		if v, err := releaseScript.run(rctx, c.rdb, m.keys, token, "", c.idleArg, m.keys[0]); err == nil && v.(int64) != 0 {
+			c.cfg.logger.Debug("dlock: released an acquire whose reply was lost", "lock", m.name)
+		}
+	}()
+}
+
+// wait queues behind this Client's earlier waiters for the lock, then
+// contends at Redis, sleeping until a release is published or the holder's
+// TTL runs out.
+func (m *Mutex) wait(ctx context.Context, token string) (*Lease, error) {
+	c := m.c
+	q, w := c.enqueue(m.keys[0])
+	defer c.dequeue(q, w)
+	select {
+	case <-w.turn:
+	case <-ctx.Done():
+		return nil, m.fail(ctx, ctx.Err())
+	case <-c.bg.Done():
+		return nil, nameErr(m.name, ErrClosed)
+	}
+	timer := time.NewTimer(time.Second)
+	defer timer.Stop()
+	// The subscription must be live before we look at the lock, or a release
+	// between our attempt and the subscription would go unheard until the TTL.
+	// If it cannot be confirmed soon we go on, bounded by the TTL as ever.
+	select {
+	case <-q.ready:
+	case <-timer.C:
+	case <-ctx.Done():
+		return nil, m.fail(ctx, ctx.Err())
+	case <-c.bg.Done():
+		return nil, nameErr(m.name, ErrClosed)
+	}
+	backoff := time.Millisecond
+	for {
+		l, left, err := m.attempt(ctx, token)
+		if l != nil {
+			return l, nil
+		}
+		if err != nil {
+			if ctx.Err() != nil || permanent(err) {
+				m.abandon(ctx, token, err)
+				return nil, m.fail(ctx, err)
+			}
+			// Unknown outcome or unreachable server: retry with the same
+			// token (an applied acquire is then recognised as ours).
+			left = backoff
+			backoff = min(2*backoff, 500*time.Millisecond)
+			c.cfg.logger.Debug("dlock: acquire failed, retrying", "lock", m.name, "err", err)
+		} else {
+			backoff = time.Millisecond
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(max(left, time.Millisecond))
+		select {
+		case <-q.notify:
+		case <-timer.C:
+		case <-ctx.Done():
+			return nil, m.fail(ctx, ctx.Err())
+		case <-c.bg.Done():
+			return nil, nameErr(m.name, ErrClosed)
+		}
+	}
+}

@@ -1,0 +1,602 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func newClient(t testing.TB, s *redistest.Server, opts ...dlock.Option) (*dlock.Client, *redis.Client) {
+	t.Helper()
+	rdb := s.Client(t)
+	c := dlock.New(rdb, opts...)
+	t.Cleanup(func() { _ = c.Close() })
+	return c, rdb
+}
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestLockUnlock(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	m := c.Mutex("orders/17")
+	l, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Name() != "orders/17" || len(l.Token()) != 22 || l.Fence() == 0 {
+		t.Fatalf("lease name=%q token=%q fence=%d", l.Name(), l.Token(), l.Fence())
+	}
+	if _, err := c.Mutex("orders/17").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock on a held lock: %v, want ErrNotObtained", err)
+	}
+	ttl, err := l.TTL(ctx)
+	if err != nil || ttl <= 9*time.Second || ttl > 10*time.Second {
+		t.Fatalf("TTL = %v, %v; want about 10s", ttl, err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("second Unlock: %v, want nil", err)
+	}
+	if l.Context().Err() == nil {
+		t.Fatal("lease context still live after Unlock")
+	}
+	l2, err := m.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Fence() <= l.Fence() {
+		t.Fatalf("fence did not increase: %d then %d", l.Fence(), l2.Fence())
+	}
+	if l2.Token() == l.Token() {
+		t.Fatal("token reused")
+	}
+	if err := l2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// After unlock only the fence counter remains, with the idle expiry.
+	if o, _ := rdb.HGet(ctx, "dlock:{orders/17}", "o").Result(); o != "" {
+		t.Fatalf("owner field left behind: %q", o)
+	}
+	pttl := rdb.PTTL(ctx, "dlock:{orders/17}").Val()
+	if pttl <= 9*time.Minute || pttl > 10*time.Minute {
+		t.Fatalf("idle key PTTL = %v, want about 10m", pttl)
+	}
+}
+
+func TestLockWaitsForRelease(t *testing.T) {
+	s := redistest.Start(t)
+	c1, _ := newClient(t, s)
+	c2, _ := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	l1, err := c1.Mutex("w").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan time.Time, 1)
+	go func() {
+		l2, err := c2.Mutex("w").Lock(ctx)
+		if err != nil {
+			t.Error(err)
+			close(got)
+			return
+		}
+		got <- time.Now()
+		_ = l2.Unlock(ctx)
+	}()
+	time.Sleep(200 * time.Millisecond)
+	released := time.Now()
+	if err := l1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	at, ok := <-got
+	if !ok {
+		t.Fatal("waiter failed")
+	}
+	// Notified, not polled and not waiting for the 10s TTL: a release wakes
+	// the waiter within a fraction of a second even on a loaded machine.
+	if d := at.Sub(released); d > 2*time.Second {
+		t.Fatalf("waiter took %v after release", d)
+	}
+}
+
+func TestWaitBoundedByHolderTTL(t *testing.T) {
+	// A holder that vanishes without unlocking (no renewal, no release
+	// message) costs a waiter its remaining TTL, not more.
+	s := redistest.Start(t)
+	c1, _ := newClient(t, s)
+	c2, _ := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	if _, err := c1.Mutex("crash", dlock.TTL(300*time.Millisecond), dlock.NoRenew()).Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	l, err := c2.Mutex("crash").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("waited %v for a 300ms TTL", d)
+	}
+	_ = l.Unlock(ctx)
+}
+
+func TestContextEndsWait(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	l, err := c.Mutex("busy").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+
+	dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err = c.Mutex("busy").Lock(dctx)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock after deadline: %v, want DeadlineExceeded", err)
+	}
+	cctx, cancel2 := context.WithCancel(ctx)
+	go func() { time.Sleep(50 * time.Millisecond); cancel2() }()
+	_, err = c.Mutex("busy").Lock(cctx)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Lock after cancel: %v, want Canceled", err)
+	}
+	if !strings.Contains(err.Error(), `"busy"`) {
+		t.Fatalf("error does not name the lock: %v", err)
+	}
+}
+
+func TestUnreachableServer(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer rdb.Close()
+	c := dlock.New(rdb)
+	defer c.Close()
+	s.Kill()
+	ctx := ctxT(t, 10*time.Second)
+	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Mutex("x").Lock(dctx)
+	if err == nil {
+		t.Fatal("Lock succeeded with the server down")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock with server down: %v, want DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Lock took %v past a 300ms ctx", d)
+	}
+	_, err = c.Mutex("x").TryLock(ctx)
+	if err == nil || errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock with server down: %v, want a connection error", err)
+	}
+}
+
+func TestPausedServerWithinCtx(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	if _, err := c.Mutex("p").TryLock(ctx); err != nil { // warm the connection
+		t.Fatal(err)
+	}
+	s.Pause()
+	defer s.Resume()
+	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Mutex("q").TryLock(dctx)
+	if err == nil {
+		t.Fatal("TryLock succeeded against a paused server")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("TryLock took %v past a 300ms ctx", d)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	cases := []struct {
+		name string
+		m    *dlock.Mutex
+		want string
+	}{
+		{"empty name", c.Mutex(""), "empty"},
+		{"oversized name", c.Mutex(strings.Repeat("n", dlock.MaxNameLen+1)), "longer than MaxNameLen"},
+		{"zero TTL", c.Mutex("a", dlock.TTL(0)), "below 1ms"},
+		{"negative TTL", c.Mutex("a", dlock.TTL(-time.Second)), "below 1ms"},
+		{"sub-ms TTL", c.Mutex("a", dlock.TTL(500*time.Microsecond)), "below 1ms"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, call := range []func() error{
+				func() error { _, err := tc.m.Lock(ctx); return err },
+				func() error { _, err := tc.m.TryLock(ctx); return err },
+				func() error { return tc.m.Do(ctx, func(context.Context) error { return nil }) },
+			} {
+				err := call()
+				if !errors.Is(err, dlock.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("got %v, want ErrInvalidArgument mentioning %q", err, tc.want)
+				}
+			}
+		})
+	}
+	// Names that collide with keys that are not locks are refused and left alone.
+	rdb.Set(ctx, "dlock:{str}", "precious", 0)
+	rdb.HSet(ctx, "dlock:{hash}", "field", "precious")
+	rdb.HSet(ctx, "dlock:{other}", "k", "semaphore")
+	for _, name := range []string{"str", "hash", "other"} {
+		_, err := c.Mutex(name).TryLock(ctx)
+		if !errors.Is(err, dlock.ErrForeignKey) || !strings.Contains(err.Error(), "dlock:{"+name+"}") {
+			t.Fatalf("lock on foreign key %s: %v, want ErrForeignKey naming the key", name, err)
+		}
+	}
+	if v := rdb.Get(ctx, "dlock:{str}").Val(); v != "precious" {
+		t.Fatalf("foreign string changed to %q", v)
+	}
+	if v := rdb.HGetAll(ctx, "dlock:{hash}").Val(); len(v) != 1 || v["field"] != "precious" {
+		t.Fatalf("foreign hash changed to %v", v)
+	}
+	// Use after Close.
+	l, err := c.Mutex("held").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx := l.Context()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Mutex("x").Lock(ctx); !errors.Is(err, dlock.ErrClosed) {
+		t.Fatalf("Lock after Close: %v, want ErrClosed", err)
+	}
+	if !errors.Is(context.Cause(lctx), dlock.ErrClosed) {
+		t.Fatalf("lease context cause after Close: %v", context.Cause(lctx))
+	}
+	if o := rdb.HGet(ctx, "dlock:{held}", "o").Val(); o != "" {
+		t.Fatal("Close left its lease locked at Redis")
+	}
+	if err := l.Unlock(ctx); !errors.Is(err, dlock.ErrClosed) {
+		t.Fatalf("Unlock after Close: %v, want ErrClosed", err)
+	}
+}
+
+func TestLeaseLostWhenKeyDeletedOrOverwritten(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	for _, tamper := range []struct {
+		name string
+		do   func(key string)
+	}{
+		{"deleted", func(key string) { rdb.Del(ctx, key) }},
+		{"overwritten", func(key string) { rdb.Set(ctx, key, "someone else", 0) }},
+		{"taken", func(key string) { rdb.HSet(ctx, key, "o", "another-token") }},
+	} {
+		t.Run(tamper.name, func(t *testing.T) {
+			name := "tamper-" + tamper.name
+			l, err := c.Mutex(name, dlock.TTL(300*time.Millisecond)).Lock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lctx := l.Context()
+			tamper.do("dlock:{" + name + "}")
+			select {
+			case <-lctx.Done():
+			case <-time.After(3 * time.Second):
+				t.Fatal("lease context still live 3s after the key was tampered with")
+			}
+			if !errors.Is(context.Cause(lctx), dlock.ErrLockLost) {
+				t.Fatalf("cause %v, want ErrLockLost", context.Cause(lctx))
+			}
+			if err := l.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+				t.Fatalf("Unlock of a lost lease: %v, want ErrLockLost", err)
+			}
+			if err := l.Extend(ctx, time.Second); !errors.Is(err, dlock.ErrLockLost) {
+				t.Fatalf("Extend of a lost lease: %v, want ErrLockLost", err)
+			}
+		})
+	}
+	if v := rdb.Get(ctx, "dlock:{tamper-overwritten}").Val(); v != "someone else" {
+		t.Fatalf("the foreign value was touched: %q", v)
+	}
+	if v := rdb.HGet(ctx, "dlock:{tamper-taken}", "o").Val(); v != "another-token" {
+		t.Fatalf("the other owner was touched: %q", v)
+	}
+}
+
+func TestWatchdogRenews(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	l, err := c.Mutex("renewed", dlock.TTL(200*time.Millisecond)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // five TTLs
+	if err := l.Context().Err(); err != nil {
+		t.Fatalf("renewed lease ended: %v", context.Cause(l.Context()))
+	}
+	if _, err := c.Mutex("renewed").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("renewed lock was obtainable: %v", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// NoRenew: the lease ends at its TTL, and the context says so.
+	l, err = c.Mutex("unrenewed", dlock.TTL(200*time.Millisecond), dlock.NoRenew()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Context().Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("NoRenew lease context outlived its TTL by 1.8s")
+	}
+	if !errors.Is(context.Cause(l.Context()), dlock.ErrLockLost) {
+		t.Fatalf("cause %v", context.Cause(l.Context()))
+	}
+	if err := l.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Unlock after expiry: %v, want ErrLockLost", err)
+	}
+}
+
+func TestExtend(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	l, err := c.Mutex("ext", dlock.TTL(time.Second), dlock.NoRenew()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Extend(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ttl, err := l.TTL(ctx)
+	if err != nil || ttl < 4*time.Second {
+		t.Fatalf("TTL after Extend(5s) = %v, %v", ttl, err)
+	}
+	if err := l.Extend(ctx, 0); !errors.Is(err, dlock.ErrInvalidArgument) {
+		t.Fatalf("Extend(0): %v", err)
+	}
+	// An expired lease is never revived by Extend.
+	l2, err := c.Mutex("ext2", dlock.TTL(50*time.Millisecond), dlock.NoRenew()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if err := l2.Extend(ctx, time.Minute); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Extend after expiry: %v, want ErrLockLost", err)
+	}
+	if l3, err := c.Mutex("ext2").TryLock(ctx); err != nil {
+		t.Fatalf("lock not free after its lease expired and Extend failed: %v", err)
+	} else {
+		_ = l3.Unlock(ctx)
+	}
+	_ = l.Unlock(ctx)
+}
+
+func TestReentrant(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	m := c.Mutex("re")
+	outer, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A different lock in between does not hide the outer one.
+	other, err := c.Mutex("other").Lock(outer.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := c.Mutex("re").Lock(other.Context())
+	if err != nil {
+		t.Fatalf("reentrant Lock: %v", err)
+	}
+	if inner.Fence() != outer.Fence() || inner.Token() != outer.Token() {
+		t.Fatal("reentrant lease is not the same holding")
+	}
+	if _, err := m.TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("unrelated ctx re-entered: %v", err)
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("inner Unlock released the lock: %v", err)
+	}
+	if err := outer.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.TryLock(ctx)
+	if err != nil {
+		t.Fatalf("outer Unlock did not release: %v", err)
+	}
+	_ = l.Unlock(ctx)
+	_ = other.Unlock(ctx)
+	// A context of another Client does not re-enter this one's locks.
+	c2, _ := newClient(t, s)
+	l, err = m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c2.Mutex("re").TryLock(l.Context()); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("another Client re-entered: %v", err)
+	}
+	_ = l.Unlock(ctx)
+}
+
+func TestDo(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	boom := errors.New("boom")
+	err := c.Mutex("do").Do(ctx, func(ctx context.Context) error {
+		if _, err := c.Mutex("do").TryLock(context.Background()); !errors.Is(err, dlock.ErrNotObtained) {
+			t.Errorf("lock not held inside Do: %v", err)
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Do returned %v, want fn's error", err)
+	}
+	// Lost inside fn: fn's ctx ends and Do reports ErrLockLost.
+	err = c.Mutex("do", dlock.TTL(200*time.Millisecond)).Do(ctx, func(fctx context.Context) error {
+		rdb.Del(ctx, "dlock:{do}")
+		select {
+		case <-fctx.Done():
+			return nil
+		case <-time.After(3 * time.Second):
+			return errors.New("fn ctx not ended")
+		}
+	})
+	if !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Do with lost lease: %v, want ErrLockLost", err)
+	}
+}
+
+func TestScriptFlushAndRestart(t *testing.T) {
+	s := redistest.Start(t, redistest.Options{AOF: true, AppendFsync: "always"})
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	m := c.Mutex("sf")
+	var last uint64
+	for i := 0; i < 3; i++ {
+		rdb.ScriptFlush(ctx)
+		l, err := m.Lock(ctx)
+		if err != nil {
+			t.Fatalf("Lock after SCRIPT FLUSH: %v", err)
+		}
+		if l.Fence() <= last {
+			t.Fatalf("fence went from %d to %d", last, l.Fence())
+		}
+		last = l.Fence()
+		rdb.ScriptFlush(ctx)
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock after SCRIPT FLUSH: %v", err)
+		}
+	}
+	l, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Restart(t)
+	// The key survived (AOF always); scripts are gone. Extend and Unlock must
+	// reload and report the truth.
+	if err := l.Extend(ctx, 5*time.Second); err != nil {
+		t.Fatalf("Extend after restart: %v", err)
+	}
+	if _, err := c.Mutex("sf").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock after restart: %v, want ErrNotObtained", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock after restart: %v", err)
+	}
+	l2, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Fence() <= l.Fence() {
+		t.Fatalf("fence went backwards across restart: %d then %d", l.Fence(), l2.Fence())
+	}
+	_ = l2.Unlock(ctx)
+}
+
+func TestLocalQueueFIFO(t *testing.T) {
+	// Waiters of one Client are served in arrival order.
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	holder, err := c.Mutex("fifo").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	var order []int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			l, err := c.Mutex("fifo").Lock(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond)
+			_ = l.Unlock(ctx)
+		}(i)
+		time.Sleep(30 * time.Millisecond) // arrive in order
+	}
+	_ = holder.Unlock(ctx)
+	wg.Wait()
+	for i, v := range order {
+		if v != i {
+			t.Fatalf("service order %v, want arrival order", order)
+		}
+	}
+}
+
+func TestGoroutineContention(t *testing.T) {
+	// Many goroutines on two Clients increment a Redis counter with
+	// read-modify-write under the lock: no update is lost.
+	s := redistest.Start(t)
+	c1, rdb := newClient(t, s)
+	c2, _ := newClient(t, s)
+	ctx := ctxT(t, 60*time.Second)
+	const workers, each = 32, 20
+	var wg sync.WaitGroup
+	var inside atomic.Int32
+	for i := 0; i < workers; i++ {
+		c := c1
+		if i%2 == 1 {
+			c = c2
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < each; j++ {
+				err := c.Mutex("counter").Do(ctx, func(ctx context.Context) error {
+					if inside.Add(1) != 1 {
+						t.Error("two holders inside at once")
+					}
+					defer inside.Add(-1)
+					v, _ := rdb.Get(ctx, "counter").Int()
+					return rdb.Set(ctx, "counter", v+1, 0).Err()
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if v, _ := rdb.Get(ctx, "counter").Int(); v != workers*each {
+		t.Fatalf("counter = %d, want %d (lost updates)", v, workers*each)
+	}
+}

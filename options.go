@@ -1,0 +1,63 @@
+package dlock
+
+import (
+	"log/slog"
+	"time"
+)
+
+// Option configures a Client.
+type Option func(*clientConfig)
+
+type clientConfig struct {
+	prefix string
+	logger *slog.Logger
+	idle   time.Duration
+}
+
+func defaultClientConfig() clientConfig {
+	return clientConfig{prefix: "dlock:", logger: nil, idle: 10 * time.Minute}
+}
+
+// WithPrefix sets the prefix of every Redis key and channel the Client uses.
+// Default "dlock:". Clients that must see each other's locks need the same prefix.
+func WithPrefix(prefix string) Option { return func(c *clientConfig) { c.prefix = prefix } }
+
+// WithLogger sets the logger for background events (lost leases, renewal
+// errors, reconnects). Default: none (nothing is logged).
+func WithLogger(l *slog.Logger) Option { return func(c *clientConfig) { c.logger = l } }
+
+// WithIdleExpiry sets how long a lock name's key (which keeps its fencing
+// counter) lives after its last holder leaves. Default 10 minutes. Shorter
+// saves memory when many unique names are locked once; fences stay strictly
+// increasing across the expiry as long as the server clock does not step
+// backwards by more than this period (new counters are seeded from the
+// server's clock in microseconds). Values below one second are raised to one
+// second.
+func WithIdleExpiry(d time.Duration) Option {
+	return func(c *clientConfig) {
+		c.idle = max(d, time.Second)
+	}
+}
+
+// LockOption configures one lock (Mutex).
+type LockOption func(*lockConfig)
+
+type lockConfig struct {
+	ttl     time.Duration
+	noRenew bool
+}
+
+// DefaultTTL is the lease length when TTL is not given.
+const DefaultTTL = 10 * time.Second
+
+// MaxTTL is the longest lease length accepted.
+const MaxTTL = 365 * 24 * time.Hour
+
+// TTL sets the lease length: how long the lock outlives a holder that stops
+// renewing it (crashed, paused, partitioned). Default 10s. It must be at least
+// one millisecond; it is used at millisecond precision.
+func TTL(d time.Duration) LockOption { return func(c *lockConfig) { c.ttl = d } }
+
+// NoRenew turns the watchdog off: the lease ends TTL after it was obtained
+// unless Extend is called. Default: renewal on, every TTL/3, until Unlock.
+func NoRenew() LockOption { return func(c *lockConfig) { c.noRenew = true } }

@@ -1,0 +1,96 @@
+package dlock
+
+import (
+	"context"
+	"crypto/sha1"
+	"embed"
+	"encoding/hex"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+// script is one embedded Lua file, run with EVALSHA and loaded on NOSCRIPT.
+type script struct {
+	name, src, sha string
+}
+
+func loadScript(name string) *script {
+	b, err := luaFiles.ReadFile("lua/" + name + ".lua")
+	if err != nil {
+		panic("dlock: missing embedded script " + name) // a build error, not a runtime condition
+	}
+	sum := sha1.Sum(b)
+	return &script{name: name, src: string(b), sha: hex.EncodeToString(sum[:])}
+}
+
+var (
+	acquireScript = loadScript("acquire")
+	releaseScript = loadScript("release")
+	extendScript  = loadScript("extend")
+	pttlScript    = loadScript("pttl")
+)
+
+// scripter is what running a script needs: a client, a pipeline or a transaction.
+type scripter interface {
+	EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
+	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
+}
+
+// run executes the script, sending its source only when the server does not
+// have it cached (after a restart, failover or SCRIPT FLUSH).
+func (s *script) run(ctx context.Context, r scripter, keys []string, args ...any) (any, error) {
+	v, err := r.EvalSha(ctx, s.sha, keys, args...).Result()
+	if err != nil && isNoScript(err) {
+		v, err = r.Eval(ctx, s.src, keys, args...).Result()
+	}
+	return v, err
+}
+
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// eval runs a script for a caller that waits on ctx. go-redis bounds its
+// socket I/O by ctx only when the client has ContextTimeoutEnabled; without
+// it a paused server holds the caller for the client's own read timeout. In
+// that case the call runs aside and the caller returns when ctx ends (the
+// call itself still ends at the client's timeout).
+func (c *Client) eval(ctx context.Context, s *script, keys []string, args ...any) (any, error) {
+	if c.ctxAware || ctx.Done() == nil {
+		return s.run(ctx, c.rdb, keys, args...)
+	}
+	type result struct {
+		v   any
+		err error
+	}
+	ch := make(chan result, 1)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		v, err := s.run(ctx, c.rdb, keys, args...)
+		ch <- result{v, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// contextAware reports whether rdb bounds socket I/O by the ctx deadline.
+func contextAware(rdb redis.UniversalClient) bool {
+	switch r := rdb.(type) {
+	case *redis.Client:
+		return r.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return r.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return r.Options().ContextTimeoutEnabled
+	}
+	return false
+}

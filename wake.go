@@ -1,0 +1,287 @@
+package dlock
+
+import (
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A queue holds this Client's waiters for one lock, in arrival order. Only
+// the head contends at Redis; the others wait for their turn, so a hot lock
+// does not stampede and a process's own waiters are served in order.
+type queue struct {
+	key     string
+	waiters []*waiter
+	notify  chan struct{} // a release was seen (published, or local); buffered 1 so none is missed between attempts
+	ready   chan struct{} // closed once the wake-up subscription is confirmed
+}
+
+type waiter struct{ turn chan struct{} }
+
+func (c *Client) queued(key string) bool {
+	c.mu.Lock()
+	_, ok := c.queues[key]
+	c.mu.Unlock()
+	return ok
+}
+
+func (c *Client) enqueue(key string) (*queue, *waiter) {
+	w := &waiter{turn: make(chan struct{})}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	q := c.queues[key]
+	if q == nil {
+		q = &queue{key: key, notify: make(chan struct{}, 1)}
+		q.ready = c.hub.want(c, key)
+		c.queues[key] = q
+	}
+	q.waiters = append(q.waiters, w)
+	if len(q.waiters) == 1 {
+		close(w.turn)
+	}
+	return q, w
+}
+
+func (c *Client) dequeue(q *queue, w *waiter) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, x := range q.waiters {
+		if x != w {
+			continue
+		}
+		copy(q.waiters[i:], q.waiters[i+1:])
+		q.waiters[len(q.waiters)-1] = nil
+		q.waiters = q.waiters[:len(q.waiters)-1]
+		if i == 0 && len(q.waiters) > 0 {
+			close(q.waiters[0].turn)
+		}
+		break
+	}
+	if len(q.waiters) == 0 {
+		delete(c.queues, q.key)
+		c.hub.unwant(c, q.key)
+	}
+}
+
+// wakeLocal tells this Client's head waiter that a lock was released here,
+// without waiting for the published message.
+func (c *Client) wakeLocal(key string) {
+	c.mu.Lock()
+	if q := c.queues[key]; q != nil {
+		poke(q.notify)
+	}
+	c.mu.Unlock()
+}
+
+func poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// wakeHub is the Client's one sharded pub/sub subscription. Each lock key
+// with local waiters is subscribed (its channel is the key itself, so it
+// lives on the key's shard). All fields are guarded by Client.mu.
+//
+// Redis answers (un)subscribe commands on one connection in order, so each
+// channel has at most one command in flight and moves through
+// pending → active → unsubscribing → gone; a want during unsubscribing
+// subscribes again once the unsubscribe is confirmed. That way a confirmation
+// is never mistaken for one that a later command cancelled.
+type wakeHub struct {
+	ps      *redis.PubSub
+	subs    map[string]*sub
+	ops     []subOp
+	kick    chan struct{}
+	started bool
+}
+
+type subPhase uint8
+
+const (
+	subPending subPhase = iota
+	subActive
+	subLeaving
+)
+
+type sub struct {
+	phase subPhase
+	want  bool
+	ready chan struct{}
+}
+
+type subOp struct {
+	subscribe bool
+	channel   string
+}
+
+func (h *wakeHub) init() {
+	h.subs = make(map[string]*sub)
+	h.kick = make(chan struct{}, 1)
+}
+
+// want subscribes to key's channel (if not already) and returns a channel
+// closed once the subscription is active.
+func (h *wakeHub) want(c *Client, key string) chan struct{} {
+	s := h.subs[key]
+	if s == nil {
+		s = &sub{phase: subPending, ready: make(chan struct{})}
+		h.subs[key] = s
+		h.send(c, subOp{true, key})
+	}
+	s.want = true
+	return s.ready
+}
+
+func (h *wakeHub) unwant(c *Client, key string) {
+	s := h.subs[key]
+	if s == nil {
+		return
+	}
+	s.want = false
+	if s.phase == subActive {
+		s.phase = subLeaving
+		s.ready = make(chan struct{})
+		h.send(c, subOp{false, key})
+	}
+}
+
+func (h *wakeHub) send(c *Client, op subOp) {
+	h.ops = append(h.ops, op)
+	if !h.started {
+		h.started = true
+		h.ps = c.rdb.SSubscribe(c.bg)
+		c.wg.Add(2)
+		go c.subscriber()
+		go c.receiver(h.ps)
+	}
+	poke(h.kick)
+}
+
+// closeHub closes the subscription; no new one is started afterwards.
+func (c *Client) closeHub() {
+	c.mu.Lock()
+	ps := c.hub.ps
+	c.hub.started = true
+	c.mu.Unlock()
+	if ps != nil {
+		_ = ps.Close()
+	}
+}
+
+// subscriber issues (un)subscribe commands in the order they were decided.
+func (c *Client) subscriber() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.bg.Done():
+			return
+		case <-c.hub.kick:
+		}
+		c.mu.Lock()
+		ops := c.hub.ops
+		c.hub.ops = nil
+		ps := c.hub.ps
+		c.mu.Unlock()
+		for _, op := range ops {
+			var err error
+			if op.subscribe {
+				err = ps.SSubscribe(c.bg, op.channel)
+			} else {
+				err = ps.SUnsubscribe(c.bg, op.channel)
+			}
+			if err != nil && c.bg.Err() == nil {
+				// The PubSub reconnects and resubscribes what it tracks; the
+				// receiver resets our state when it sees the broken connection.
+				c.cfg.logger.Debug("dlock: wake-up (un)subscribe failed", "channel", op.channel, "err", err)
+			}
+		}
+	}
+}
+
+// receiver dispatches wake-ups and subscription confirmations.
+func (c *Client) receiver(ps *redis.PubSub) {
+	defer c.wg.Done()
+	backoff := 10 * time.Millisecond
+	for {
+		msg, err := ps.Receive(c.bg)
+		if err != nil {
+			if c.bg.Err() != nil || errors.Is(err, redis.ErrClosed) {
+				return
+			}
+			c.cfg.logger.Debug("dlock: wake-up subscription interrupted", "err", err)
+			c.resetSubs()
+			select {
+			case <-c.bg.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 10 * time.Millisecond
+		switch m := msg.(type) {
+		case *redis.Message:
+			c.mu.Lock()
+			if q := c.queues[m.Channel]; q != nil {
+				poke(q.notify)
+			}
+			c.mu.Unlock()
+		case *redis.Subscription:
+			c.confirm(m.Kind, m.Channel)
+		}
+	}
+}
+
+func (c *Client) confirm(kind, channel string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := &c.hub
+	s := h.subs[channel]
+	if s == nil {
+		return
+	}
+	switch {
+	case kind == "ssubscribe" && s.phase == subPending:
+		s.phase = subActive
+		close(s.ready)
+		if !s.want {
+			s.phase = subLeaving
+			s.ready = make(chan struct{})
+			h.send(c, subOp{false, channel})
+		}
+	case kind == "sunsubscribe" && s.phase == subLeaving:
+		if s.want {
+			s.phase = subPending
+			h.send(c, subOp{true, channel})
+		} else {
+			delete(h.subs, channel)
+		}
+	}
+}
+
+// resetSubs runs after the subscription connection broke: the PubSub
+// resubscribes the channels it tracks on reconnect, but unsubscribes in
+// flight will never be confirmed, and releases published meanwhile were
+// missed, so every head waiter looks at its lock again.
+func (c *Client) resetSubs() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := &c.hub
+	for ch, s := range h.subs {
+		if s.phase != subLeaving {
+			continue
+		}
+		if s.want {
+			s.phase = subPending
+			h.send(c, subOp{true, ch})
+		} else {
+			delete(h.subs, ch)
+		}
+	}
+	for _, q := range c.queues {
+		poke(q.notify)
+	}
+}
