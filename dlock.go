@@ -60,7 +60,8 @@ const MaxNameLen = 1024
 // the leases it still holds.
 type Client struct {
 	rdb      redis.UniversalClient
-	ctxAware bool // rdb bounds I/O by ctx deadlines itself
+	cmd      doer // where scripts on the lock path run: rdb or its autopipeliner
+	ctxAware bool // cmd bounds I/O by ctx deadlines itself
 	cfg      clientConfig
 	idleArg  string // idle period in ms, formatted once
 
@@ -98,6 +99,18 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		stop:     stop,
 		queues:   make(map[string]*queue),
 	}
+	c.cmd = rdb
+	if cfg.autoPipeline {
+		// Scripts go through the client's shared autopipeliner: concurrent
+		// locks and unlocks share round trips and system calls. Every script
+		// is idempotent for its token, so the pipeliner's whole-batch retry
+		// after a network error is safe. It ignores per-call contexts, so
+		// calls with a cancelable ctx are bounded by eval's own select.
+		if ap, err := rdb.AutoPipeline(); err == nil {
+			c.cmd = autoPipelined{ap}
+			c.ctxAware = false
+		}
+	}
 	c.dog.init()
 	c.hub.init()
 	return c
@@ -116,7 +129,7 @@ func (c *Client) Close() error {
 	defer cancel()
 	for _, h := range held {
 		if h.end(stateClosed, ErrClosed) {
-			_, _ = releaseScript.run(ctx, c.rdb, []string{h.key}, h.token, h.fenceArg(), c.idleArg, h.key)
+			_, _ = releaseScript.do(ctx, c.rdb, h.rel[:])
 		}
 	}
 	c.stop()

@@ -21,13 +21,16 @@ const (
 // holding is one ownership of a lock in Redis. Reentrant Lock calls share it;
 // each of them gets its own Lease.
 type holding struct {
-	c      *Client
-	name   string
-	key    string
-	token  string
-	fence  uint64
-	renew  bool
-	parent context.Context // the ctx Lock was called with: values of the lease context come from it
+	c        *Client
+	name     string
+	key      string
+	token    string
+	fence    uint64
+	fenceStr string
+	renew    bool
+	parent   context.Context // the ctx Lock was called with: values of the lease context come from it
+	acq      [7]any          // the acquire command line; never changed once sent
+	rel      [8]any          // the release command line; never changed once built
 
 	mu       sync.Mutex
 	ttl      time.Duration
@@ -49,14 +52,25 @@ type holding struct {
 // rely on it: the TTL less 1% for the rate difference of the two clocks.
 func validity(ttl time.Duration) time.Duration { return ttl - ttl/100 }
 
-func (c *Client) newHolding(ctx context.Context, name, key, token string, fence uint64, ttl time.Duration, renew bool, sent time.Time) *holding {
+// prepare makes the holding an acquire will fill, with the acquire command
+// line built in place (see script.do).
+func (m *Mutex) prepare(ctx context.Context) *holding {
 	h := &holding{
-		c: c, name: name, key: key, token: token, fence: fence, renew: renew, parent: ctx,
-		ttl: ttl, deadline: sent.Add(validity(ttl)), holds: 1, idx: -1,
+		c: m.c, name: m.name, key: m.keys[0], token: m.c.tokens.next(), renew: m.renew, parent: ctx,
+		ttl: m.ttl, holds: 1, idx: -1,
 	}
 	h.first.h = h
-	c.dog.add(h, h.nextDue(sent))
+	h.acq = [...]any{"evalsha", &acquireScript.sha, "1", m.keyAny, &h.token, &m.ttlArg, &m.c.idleArg}
 	return h
+}
+
+// activate makes h a held lock, granted fence by an acquire sent at sent.
+func (h *holding) activate(fence uint64, sent time.Time) {
+	h.fence = fence
+	h.fenceStr = strconv.FormatUint(fence, 10)
+	h.deadline = sent.Add(validity(h.ttl))
+	h.rel = [...]any{"evalsha", &releaseScript.sha, "1", h.acq[3], &h.token, &h.fenceStr, &h.c.idleArg, h.acq[3]}
+	h.c.dog.add(h, h.nextDue(sent))
 }
 
 // nextDue is when the watchdog must next look at h: renew at a third of the
@@ -68,8 +82,6 @@ func (h *holding) nextDue(sent time.Time) time.Time {
 	}
 	return h.deadline
 }
-
-func (h *holding) fenceArg() string { return strconv.FormatUint(h.fence, 10) }
 
 // end moves a held lock to a final state and ends its context. It reports
 // whether this call did it.
@@ -322,7 +334,7 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	if st == stateHeld {
 		h.end(stateReleased, context.Canceled)
 	}
-	v, err := h.c.eval(ctx, releaseScript, []string{h.key}, h.token, h.fenceArg(), h.c.idleArg, h.key)
+	v, err := h.c.evalArgs(ctx, releaseScript, h.rel[:])
 	if err != nil {
 		if errors.Is(scriptErr(h.key, err), ErrForeignKey) {
 			return l.finish(nameErr(h.name, fmt.Errorf("%w: %w", ErrLockLost, scriptErr(h.key, err))))

@@ -15,6 +15,7 @@ type Mutex struct {
 	c      *Client
 	name   string
 	keys   []string // the lock key, shared by every call (go-redis only reads it)
+	keyAny any      // the lock key, boxed once
 	ttl    time.Duration
 	ttlArg string
 	renew  bool
@@ -30,7 +31,8 @@ func (c *Client) Mutex(name string, opts ...LockOption) *Mutex {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	m := &Mutex{c: c, name: name, keys: []string{c.key(name)}, ttl: cfg.ttl, renew: !cfg.noRenew}
+	key := c.key(name)
+	m := &Mutex{c: c, name: name, keys: []string{key}, keyAny: key, ttl: cfg.ttl, renew: !cfg.noRenew}
 	m.ttlArg = strconv.FormatInt(cfg.ttl.Milliseconds(), 10)
 	if err := validName(name); err != nil {
 		m.err = err
@@ -50,10 +52,10 @@ func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
 	if l, err, done := m.start(ctx); done {
 		return l, err
 	}
-	token := m.c.tokens.next()
-	l, _, err := m.attempt(ctx, token)
+	h := m.prepare(ctx)
+	l, _, err := m.attempt(ctx, h)
 	if err != nil {
-		m.abandon(ctx, token, err)
+		m.abandon(ctx, h.token, err)
 		return nil, m.fail(ctx, err)
 	}
 	if l == nil {
@@ -74,19 +76,19 @@ func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 	if l, err, done := m.start(ctx); done {
 		return l, err
 	}
-	token := m.c.tokens.next()
+	h := m.prepare(ctx)
 	if !m.c.queued(m.keys[0]) {
 		// Nobody of ours waits for this lock: try it at once.
-		l, _, err := m.attempt(ctx, token)
+		l, _, err := m.attempt(ctx, h)
 		if l != nil {
 			return l, nil
 		}
 		if err != nil && (ctx.Err() != nil || permanent(err)) {
-			m.abandon(ctx, token, err)
+			m.abandon(ctx, h.token, err)
 			return nil, m.fail(ctx, err)
 		}
 	}
-	return m.wait(ctx, token)
+	return m.wait(ctx, h)
 }
 
 // Do locks, runs fn with the lease's context (which ends if the lease is
@@ -126,9 +128,9 @@ func (m *Mutex) start(ctx context.Context) (l *Lease, err error, done bool) {
 
 // attempt runs the acquire script once. It returns the lease, or how long
 // the current holder has left, or an error (whose outcome may be unknown).
-func (m *Mutex) attempt(ctx context.Context, token string) (*Lease, time.Duration, error) {
+func (m *Mutex) attempt(ctx context.Context, h *holding) (*Lease, time.Duration, error) {
 	sent := time.Now()
-	v, err := m.c.eval(ctx, acquireScript, m.keys, token, m.ttlArg, m.c.idleArg)
+	v, err := m.c.evalArgs(ctx, acquireScript, h.acq[:])
 	if err != nil {
 		return nil, 0, scriptErr(m.keys[0], err)
 	}
@@ -143,10 +145,10 @@ func (m *Mutex) attempt(ctx context.Context, token string) (*Lease, time.Duratio
 	}
 	if m.c.closed.Load() {
 		// Close raced with us: give the lock straight back.
-		m.abandon(ctx, token, ErrClosed)
+		m.abandon(ctx, h.token, ErrClosed)
 		return nil, 0, ErrClosed
 	}
-	h := m.c.newHolding(ctx, m.name, m.keys[0], token, uint64(n), m.ttl, m.renew, sent)
+	h.activate(uint64(n), sent)
 	return &h.first, 0, nil
 }
 
@@ -187,7 +189,7 @@ func (m *Mutex) abandon(ctx context.Context, token string, err error) {
 // wait queues behind this Client's earlier waiters for the lock, then
 // contends at Redis, sleeping until a release is published or the holder's
 // TTL runs out.
-func (m *Mutex) wait(ctx context.Context, token string) (*Lease, error) {
+func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 	c := m.c
 	q, w := c.enqueue(m.keys[0])
 	defer c.dequeue(q, w)
@@ -213,13 +215,13 @@ func (m *Mutex) wait(ctx context.Context, token string) (*Lease, error) {
 	}
 	backoff := time.Millisecond
 	for {
-		l, left, err := m.attempt(ctx, token)
+		l, left, err := m.attempt(ctx, h)
 		if l != nil {
 			return l, nil
 		}
 		if err != nil {
 			if ctx.Err() != nil || permanent(err) {
-				m.abandon(ctx, token, err)
+				m.abandon(ctx, h.token, err)
 				return nil, m.fail(ctx, err)
 			}
 			// Unknown outcome or unreachable server: retry with the same

@@ -12,10 +12,12 @@ type clientConfig struct {
 	prefix string
 	logger *slog.Logger
 	idle   time.Duration
+
+	autoPipeline bool
 }
 
 func defaultClientConfig() clientConfig {
-	return clientConfig{prefix: "dlock:", logger: nil, idle: 10 * time.Minute}
+	return clientConfig{prefix: "dlock:", logger: nil, idle: 10 * time.Minute, autoPipeline: true}
 }
 
 // WithPrefix sets the prefix of every Redis key and channel the Client uses.
@@ -38,6 +40,12 @@ func WithIdleExpiry(d time.Duration) Option {
 		c.idle = max(d, time.Second)
 	}
 }
+
+// WithAutoPipeline chooses whether lock and unlock scripts go through the
+// go-redis client's shared autopipeliner (Client.AutoPipeline), which batches
+// concurrent calls into one round trip. Default true (when the client
+// offers one). Turn it off to send every call on its own pooled connection.
+func WithAutoPipeline(on bool) Option { return func(c *clientConfig) { c.autoPipeline = on } }
 
 // LockOption configures one lock (Mutex).
 type LockOption func(*lockConfig)

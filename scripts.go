@@ -50,8 +50,38 @@ func (s *script) run(ctx context.Context, r scripter, keys []string, args ...any
 	return v, err
 }
 
+// doer sends an arbitrary command: a client or a pipeline.
+type doer interface {
+	Do(ctx context.Context, args ...any) *redis.Cmd
+}
+
+// autoPipelined sends commands through go-redis's autopipeliner (whose own
+// Do bypasses the pipeline).
+type autoPipelined struct{ ap *redis.AutoPipeliner }
+
+func (p autoPipelined) Do(ctx context.Context, args ...any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, args...)
+	_ = p.ap.Process(ctx, cmd)
+	return cmd
+}
+
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// do runs a script from a prepared command line
+// {"evalsha", &s.sha, numkeys, keys..., args...}. Building it in place (with
+// pointers to strings the caller keeps) spares go-redis its own copy and a
+// boxing allocation per argument on the hot path.
+func (s *script) do(ctx context.Context, r doer, args []any) (any, error) {
+	v, err := r.Do(ctx, args...).Result()
+	if err != nil && isNoScript(err) {
+		a := make([]any, len(args))
+		copy(a, args)
+		a[0], a[1] = "eval", s.src
+		v, err = r.Do(ctx, a...).Result()
+	}
+	return v, err
 }
 
 // eval runs a script for a caller that waits on ctx. go-redis bounds its
@@ -60,8 +90,22 @@ func isNoScript(err error) bool {
 // that case the call runs aside and the caller returns when ctx ends (the
 // call itself still ends at the client's timeout).
 func (c *Client) eval(ctx context.Context, s *script, keys []string, args ...any) (any, error) {
+	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.run(ctx, c.rdb, keys, args...) })
+}
+
+// evalArgs is eval for a prepared command line (see script.do).
+func (c *Client) evalArgs(ctx context.Context, s *script, args []any) (any, error) {
 	if c.ctxAware || ctx.Done() == nil {
-		return s.run(ctx, c.rdb, keys, args...)
+		return s.do(ctx, c.cmd, args)
+	}
+	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.do(ctx, c.cmd, args) })
+}
+
+// aside runs f, returning early with ctx's error when ctx ends first and
+// the client would not notice that by itself.
+func (c *Client) aside(ctx context.Context, f func(context.Context) (any, error)) (any, error) {
+	if c.ctxAware || ctx.Done() == nil {
+		return f(ctx)
 	}
 	type result struct {
 		v   any
@@ -71,7 +115,7 @@ func (c *Client) eval(ctx context.Context, s *script, keys []string, args ...any
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		v, err := s.run(ctx, c.rdb, keys, args...)
+		v, err := f(ctx)
 		ch <- result{v, err}
 	}()
 	select {
