@@ -29,7 +29,7 @@ type holding struct {
 	fenceStr string
 	renew    bool
 	parent   context.Context // the ctx Lock was called with: values of the lease context come from it
-	acq      [7]any          // the acquire command line; never changed once sent
+	acq      [6]any          // the acquire command line; never changed once sent
 	rel      [8]any          // the release command line; never changed once built
 
 	mu       sync.Mutex
@@ -60,7 +60,7 @@ func (m *Mutex) prepare(ctx context.Context) *holding {
 		ttl: m.ttl, holds: 1, idx: -1,
 	}
 	h.first.h = h
-	h.acq = [...]any{"evalsha", &acquireScript.sha, "1", m.keyAny, &h.token, &m.ttlArg, &m.c.idleArg}
+	h.acq = [...]any{"evalsha", &acquireScript.sha, "1", m.keyAny, &h.token, &m.ttlArg}
 	return h
 }
 
@@ -227,7 +227,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	sent := time.Now()
-	v, err := h.c.eval(ctx, extendScript, []string{h.key}, h.token, strconv.FormatInt(ttl.Milliseconds(), 10), h.c.idleArg)
+	v, err := h.c.eval(ctx, extendScript, []string{h.key}, h.token, strconv.FormatInt(ttl.Milliseconds(), 10))
 	if err != nil {
 		if errors.Is(scriptErr(h.key, err), ErrForeignKey) {
 			h.lose("lock key overwritten by another value")
@@ -291,12 +291,12 @@ func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
 		}
 		return 0, nameErr(h.name, err)
 	}
-	us := v.(int64)
-	if us < 0 {
+	ms := v.(int64)
+	if ms < 0 {
 		h.lose("the lock is no longer held by this lease")
 		return 0, nameErr(h.name, h.causeOr(ErrLockLost))
 	}
-	return time.Duration(us) * time.Microsecond, nil
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // Unlock ends the lease. The lock is released at Redis when the outermost of
@@ -350,9 +350,6 @@ func (l *Lease) Unlock(ctx context.Context) error {
 			return l.finish(nameErr(h.name, cause))
 		}
 		return l.finish(nil)
-	case -1:
-		h.c.wakeLocal(h.key)
-		return l.finish(nameErr(h.name, fmt.Errorf("%w: lease had expired before Unlock", ErrLockLost)))
 	default:
 		if st == stateLost {
 			return l.finish(nameErr(h.name, cause))

@@ -141,7 +141,11 @@ func (m *Mutex) attempt(ctx context.Context, h *holding) (*Lease, time.Duration,
 	ok1, _ := r[0].(int64)
 	n, _ := r[1].(int64)
 	if ok1 != 1 {
-		return nil, time.Duration(n) * time.Millisecond, nil
+		left := time.Duration(n) * time.Millisecond
+		if left <= 0 { // no expiry on the key (not set by dlock): look again after a TTL
+			left = m.ttl
+		}
+		return nil, left, nil
 	}
 	if m.c.closed.Load() {
 		// Close raced with us: give the lock straight back.

@@ -201,7 +201,7 @@ func (c *Client) runExtends(ctx context.Context, batch []*holding) []*redis.Cmd 
 				h.mu.Lock()
 				ttl := strconv.FormatInt(h.ttl.Milliseconds(), 10)
 				h.mu.Unlock()
-				cmds[i] = p.EvalSha(ctx, extendScript.sha, []string{h.key}, h.token, ttl, c.idleArg)
+				cmds[i] = p.EvalSha(ctx, extendScript.sha, []string{h.key}, h.token, ttl)
 			}
 			return nil
 		})
