@@ -334,7 +334,7 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	if st == stateHeld {
 		h.end(stateReleased, context.Canceled)
 	}
-	v, err := h.c.evalArgs(ctx, releaseScript, h.rel[:])
+	v, err := h.c.evalArgs(ctx, releaseScript, h.rel[:], nil)
 	if err != nil {
 		if errors.Is(scriptErr(h.key, err), ErrForeignKey) {
 			return l.finish(nameErr(h.name, fmt.Errorf("%w: %w", ErrLockLost, scriptErr(h.key, err))))

@@ -130,7 +130,13 @@ func (m *Mutex) start(ctx context.Context) (l *Lease, err error, done bool) {
 // the current holder has left, or an error (whose outcome may be unknown).
 func (m *Mutex) attempt(ctx context.Context, h *holding) (*Lease, time.Duration, error) {
 	sent := time.Now()
-	v, err := m.c.evalArgs(ctx, acquireScript, h.acq[:])
+	v, err := m.c.evalArgs(ctx, acquireScript, h.acq[:], func(v any, err error) {
+		// The caller gave up before the reply: if it was a grant (or may
+		// have been), give the lock back rather than leave it to its TTL.
+		if r, ok := v.([]any); err != nil || (ok && len(r) == 2 && r[0] == int64(1)) {
+			m.abandon(context.Background(), h.token, ErrLockLost)
+		}
+	})
 	if err != nil {
 		return nil, 0, scriptErr(m.keys[0], err)
 	}

@@ -93,7 +93,7 @@ func runChild(role string) int {
 	case "counter":
 		err = childCounter(c, rdb, arg)
 	case "hold":
-		err = childHold(c, arg)
+		err = childHold(c, rdb, arg)
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}
@@ -155,7 +155,7 @@ func childCounter(c *dlock.Client, rdb *redis.Client, arg string) error {
 
 // childHold: "ttl". Take the lock "held", print "locked FENCE", then on each
 // stdin line "check" print the lease state, and exit on EOF.
-func childHold(c *dlock.Client, arg string) error {
+func childHold(c *dlock.Client, rdb *redis.Client, arg string) error {
 	ttl, err := time.ParseDuration(arg)
 	if err != nil {
 		return err
@@ -171,8 +171,12 @@ func childHold(c *dlock.Client, arg string) error {
 		// The very first look after resuming must already see the end.
 		ctxErr := l.Context().Err()
 		cause := context.Cause(l.Context())
+		// A careless holder writes anyway: the fenced register must refuse.
+		accepted := writeFenced(ctx, rdb, l.Fence(), "paused holder")
+		eerr := l.Extend(ctx, time.Minute)
 		uerr := l.Unlock(ctx)
-		fmt.Printf("state ctxErr=%v causeLost=%v unlockLost=%v\n", ctxErr != nil, errors.Is(cause, dlock.ErrLockLost), errors.Is(uerr, dlock.ErrLockLost))
+		fmt.Printf("state ctxErr=%v causeLost=%v writeAccepted=%v extendLost=%v unlockLost=%v\n", ctxErr != nil,
+			errors.Is(cause, dlock.ErrLockLost), accepted, errors.Is(eerr, dlock.ErrLockLost), errors.Is(uerr, dlock.ErrLockLost))
 	}
 	return nil
 }
@@ -339,6 +343,9 @@ func TestPausedHolderLosesLease(t *testing.T) {
 	if l.Fence() <= childFence {
 		t.Fatalf("new holder's fence %d not above the paused holder's %d", l.Fence(), childFence)
 	}
+	if !writeFenced(ctx, rdb, l.Fence(), "new holder") {
+		t.Fatal("new holder's fenced write refused")
+	}
 	time.Sleep(200 * time.Millisecond)
 	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
@@ -347,10 +354,15 @@ func TestPausedHolderLosesLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	state := expectLine(t, sc, "state ")
-	if state != "ctxErr=true causeLost=true unlockLost=true" {
+	// Faults 1 and 2: the lease context had ended when the holder resumed,
+	// its write is refused by fence, and extend and unlock report the loss.
+	if state != "ctxErr=true causeLost=true writeAccepted=false extendLost=true unlockLost=true" {
 		t.Fatalf("resumed holder saw %q", state)
 	}
 	// The new holder is untouched.
+	if v := rdb.HGet(ctx, "register", "value").Val(); v != "new holder" {
+		t.Fatalf("register = %q", v)
+	}
 	if o := rdb.HGet(ctx, "dlock:{held}", "o").Val(); o != l.Token() {
 		t.Fatalf("owner is %q, want the new holder", o)
 	}

@@ -6,6 +6,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"strings"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -90,20 +91,22 @@ func (s *script) do(ctx context.Context, r doer, args []any) (any, error) {
 // that case the call runs aside and the caller returns when ctx ends (the
 // call itself still ends at the client's timeout).
 func (c *Client) eval(ctx context.Context, s *script, keys []string, args ...any) (any, error) {
-	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.run(ctx, c.rdb, keys, args...) })
+	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.run(ctx, c.rdb, keys, args...) }, nil)
 }
 
-// evalArgs is eval for a prepared command line (see script.do).
-func (c *Client) evalArgs(ctx context.Context, s *script, args []any) (any, error) {
+// evalArgs is eval for a prepared command line (see script.do). If the
+// caller's ctx ends before the reply, late (if not nil) gets the reply when
+// it comes.
+func (c *Client) evalArgs(ctx context.Context, s *script, args []any, late func(any, error)) (any, error) {
 	if c.ctxAware || ctx.Done() == nil {
 		return s.do(ctx, c.cmd, args)
 	}
-	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.do(ctx, c.cmd, args) })
+	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.do(ctx, c.cmd, args) }, late)
 }
 
 // aside runs f, returning early with ctx's error when ctx ends first and
 // the client would not notice that by itself.
-func (c *Client) aside(ctx context.Context, f func(context.Context) (any, error)) (any, error) {
+func (c *Client) aside(ctx context.Context, f func(context.Context) (any, error), late func(any, error)) (any, error) {
 	if c.ctxAware || ctx.Done() == nil {
 		return f(ctx)
 	}
@@ -112,16 +115,29 @@ func (c *Client) aside(ctx context.Context, f func(context.Context) (any, error)
 		err error
 	}
 	ch := make(chan result, 1)
+	var gone, handed atomic.Bool // handed: late got the reply (exactly once)
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
 		v, err := f(ctx)
 		ch <- result{v, err}
+		if late != nil && gone.Load() && handed.CompareAndSwap(false, true) {
+			late(v, err)
+		}
 	}()
 	select {
 	case r := <-ch:
 		return r.v, r.err
 	case <-ctx.Done():
+		gone.Store(true)
+		// The reply may have come at the same moment: hand it on.
+		select {
+		case r := <-ch:
+			if late != nil && handed.CompareAndSwap(false, true) {
+				late(r.v, r.err)
+			}
+		default:
+		}
 		return nil, ctx.Err()
 	}
 }

@@ -1,0 +1,348 @@
+package dlock_test
+
+// Faults from shared/SAFETY.md injected on a single server (topology S).
+// Each test names its row of the fault matrix.
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// fencedWrite is the storage side of fencing: a register that accepts a
+// write only with a fence at least as high as any it has seen.
+var fencedWrite = redis.NewScript(`
+local seen = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+if tonumber(ARGV[1]) < seen then return 0 end
+redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'value', ARGV[2])
+return 1`)
+
+func writeFenced(ctx context.Context, rdb *redis.Client, fence uint64, value string) bool {
+	n, err := fencedWrite.Run(ctx, rdb, []string{"register"}, fence, value).Int()
+	return err == nil && n == 1
+}
+
+// Fault 4: the acquire is applied but its reply never arrives in time. The
+// caller must see an error, never success, and the lock must be free again
+// soon (dlock releases the token it may have been granted).
+func TestFault4AcquireReplyLost(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	if l, err := c.Mutex("lost-reply").TryLock(ctx); err != nil { // warm up
+		t.Fatal(err)
+	} else {
+		_ = l.Unlock(ctx)
+	}
+	// The server sleeps 500ms; our acquire queues behind it and is applied
+	// after our 100ms ctx has ended.
+	go s.Do(t, "DEBUG", "SLEEP", "0.5")
+	time.Sleep(50 * time.Millisecond)
+	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err := c.Mutex("lost-reply", dlock.TTL(5*time.Second)).TryLock(tctx)
+	cancel()
+	if err == nil {
+		t.Fatal("TryLock reported success with its reply lost")
+	}
+	// The lock is free well before its 5s TTL.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		l, err := c.Mutex("lost-reply").TryLock(ctx)
+		if err == nil {
+			_ = l.Unlock(ctx)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lock still held 2s after a lost acquire reply: owner %q", rdb.HGet(ctx, "dlock:{lost-reply}", "o").Val())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Fault 7: restart without persistence while held. The lock is gone
+// (documented); the holder is told so by its lease context, and fences still
+// increase after the restart.
+func TestFault7RestartWithoutPersistence(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	l, err := c.Mutex("volatile", dlock.TTL(600*time.Millisecond)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+	s.Restart(t)
+	select {
+	case <-l.Context().Done():
+	case <-time.After(3 * time.Second):
+		t.Fatal("holder not told its lock vanished in a restart")
+	}
+	if !errors.Is(context.Cause(l.Context()), dlock.ErrLockLost) {
+		t.Fatalf("cause %v", context.Cause(l.Context()))
+	}
+	l2, err := c.Mutex("volatile").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Fence() <= l.Fence() {
+		t.Fatalf("fence went back after a restart that lost the counter: %d then %d", l.Fence(), l2.Fence())
+	}
+	_ = l2.Unlock(ctx)
+}
+
+// Fault 8: the un-fsynced AOF tail is lost (power loss, imitated by
+// restoring the AOF directory as it was before the writes). With everysec
+// the grants after the snapshot are lost; fences still never go back, since
+// a lost counter is reseeded from the server clock. With always the key
+// survives a kill.
+func TestFault8AOFTailLost(t *testing.T) {
+	s := redistest.Start(t, redistest.Options{AOF: true, AppendFsync: "everysec"})
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 30*time.Second)
+	m := c.Mutex("aof")
+	l, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Unlock(ctx)
+	time.Sleep(1200 * time.Millisecond) // let everysec fsync the first grant
+	snap := s.SnapshotDir(t)
+	var last uint64
+	for i := 0; i < 20; i++ {
+		l, err := m.Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = l.Fence()
+		_ = l.Unlock(ctx)
+	}
+	s.Kill()
+	s.RestoreDir(t, snap)
+	s.Restart(t)
+	if f, _ := rdb.HGet(ctx, "dlock:{aof}", "f").Uint64(); f >= last {
+		t.Fatalf("the lost tail was not lost (counter %d, last fence %d): the test does not reproduce the fault", f, last)
+	}
+	l, err = m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Fence() <= last {
+		t.Fatalf("fence went back after losing the AOF tail: %d then %d", last, l.Fence())
+	}
+	_ = l.Unlock(ctx)
+
+	// appendfsync always: a kill loses nothing acknowledged.
+	s2 := redistest.Start(t, redistest.Options{AOF: true, AppendFsync: "always"})
+	c2, _ := newClient(t, s2)
+	held, err := c2.Mutex("durable", dlock.TTL(time.Minute)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2.Kill()
+	s2.Restart(t)
+	if _, err := c2.Mutex("durable").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("lock lost across kill -9 with appendfsync always: %v", err)
+	}
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatalf("holder's Unlock after the restart: %v", err)
+	}
+}
+
+// Fault 9: the server clock jumps forward, expiring the lock early
+// (emulated with PEXPIRE on the key). The early expiry is reproduced: a
+// second client gets the lock while the first still thinks it holds it, and
+// the fence makes the storage reject the first one's late write.
+func TestFault9ClockJumpFenced(t *testing.T) {
+	s := redistest.Start(t)
+	c1, rdb := newClient(t, s)
+	c2, _ := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	old, err := c1.Mutex("jump", dlock.TTL(10*time.Second)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb.PExpire(ctx, "dlock:{jump}", time.Millisecond) // the clock jumped ~10s
+	time.Sleep(10 * time.Millisecond)
+	cur, err := c2.Mutex("jump").TryLock(ctx)
+	if err != nil {
+		t.Fatalf("early expiry not reproduced: %v", err)
+	}
+	if !writeFenced(ctx, rdb, cur.Fence(), "new holder") {
+		t.Fatal("current holder's write rejected")
+	}
+	if writeFenced(ctx, rdb, old.Fence(), "stale holder") {
+		t.Fatal("stale holder's write accepted by the fenced register")
+	}
+	if v := rdb.HGet(ctx, "register", "value").Val(); v != "new holder" {
+		t.Fatalf("register = %q", v)
+	}
+	if err := old.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("stale Unlock: %v, want ErrLockLost", err)
+	}
+	if _, err := cur.TTL(ctx); err != nil {
+		t.Fatalf("stale Unlock touched the current holder: %v", err)
+	}
+	_ = cur.Unlock(ctx)
+}
+
+// Fault 13: a contention storm, 128 goroutines on 4 Clients: zero double
+// grants and everyone progresses.
+func TestFault13ContentionStorm(t *testing.T) {
+	s := redistest.Start(t)
+	ctx := ctxT(t, 60*time.Second)
+	var clients []*dlock.Client
+	var rdb *redis.Client
+	for i := 0; i < 4; i++ {
+		c, r := newClient(t, s)
+		clients = append(clients, c)
+		rdb = r
+	}
+	const goroutines, each = 128, 4
+	var inside, maxInside atomic.Int32
+	var wg sync.WaitGroup
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func(c *dlock.Client) {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				err := c.Mutex("storm").Do(ctx, func(ctx context.Context) error {
+					n := inside.Add(1)
+					if n > maxInside.Load() {
+						maxInside.Store(n)
+					}
+					defer inside.Add(-1)
+					v, _ := rdb.Get(ctx, "storm-counter").Int()
+					return rdb.Set(ctx, "storm-counter", v+1, 0).Err()
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(clients[g%4])
+	}
+	wg.Wait()
+	if v, _ := rdb.Get(ctx, "storm-counter").Int(); v != goroutines*each {
+		t.Fatalf("counter %d, want %d", v, goroutines*each)
+	}
+	if maxInside.Load() != 1 {
+		t.Fatalf("%d holders inside at once", maxInside.Load())
+	}
+}
+
+// Fault 14: redis-server paused longer than the TTL. The holder is told it
+// lost the lock by its deadline, while Redis is still frozen; after the
+// server resumes exactly one of the queued waiters wins.
+func TestFault14ServerPausedPastTTL(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 30*time.Second)
+	holder, err := c.Mutex("frozen", dlock.TTL(500*time.Millisecond)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got atomic.Int32
+	grants := make(chan *dlock.Lease, 8)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wc, _ := newClient(t, s)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := wc.Mutex("frozen", dlock.TTL(10*time.Second)).Lock(wctx)
+			if err == nil {
+				got.Add(1)
+				grants <- l
+			}
+		}()
+	}
+	time.Sleep(100 * time.Millisecond) // waiters queued
+	paused := time.Now()
+	s.Pause()
+	select {
+	case <-holder.Context().Done():
+		if d := time.Since(paused); d > 800*time.Millisecond {
+			t.Errorf("holder told %v after the pause, TTL 500ms", d)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("holder not told it lost the lock while the server was frozen")
+	}
+	time.Sleep(time.Second)
+	s.Resume()
+	var first *dlock.Lease
+	select {
+	case first = <-grants:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no waiter got the lock after the server resumed")
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := got.Load(); n != 1 {
+		t.Fatalf("%d waiters hold the lock", n)
+	}
+	if err := holder.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("old holder's Unlock: %v, want ErrLockLost", err)
+	}
+	_ = first.Unlock(ctx)
+	cancel()
+	wg.Wait()
+	close(grants)
+	for l := range grants {
+		_ = l.Unlock(ctx)
+	}
+}
+
+// Fault 17: a release whose reply was lost is retried. The retry must say
+// "released" (not ErrLockLost) when the first attempt went through, and
+// ErrLockLost when someone else has been granted the lock since.
+func TestFault17ReleaseRetry(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	src, err := os.ReadFile("lua/release.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := redis.NewScript(string(src))
+	firstRelease := func(l *dlock.Lease) { // what reached Redis before the reply was lost
+		n, err := release.Run(ctx, rdb, []string{"dlock:{" + l.Name() + "}"}, l.Token(), l.Fence(), 600000, "dlock:{"+l.Name()+"}").Int()
+		if err != nil || n != 1 {
+			t.Fatalf("release script: %d, %v", n, err)
+		}
+	}
+
+	l, err := c.Mutex("retry").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstRelease(l)
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("retried Unlock after a release that went through: %v, want nil", err)
+	}
+
+	l, err = c.Mutex("retry").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstRelease(l)
+	other, err := c.Mutex("retry").Lock(ctx) // granted since
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("retried Unlock after another grant: %v, want ErrLockLost", err)
+	}
+	if o := rdb.HGet(ctx, "dlock:{retry}", "o").Val(); o != other.Token() {
+		t.Fatal("the retried release touched the new holder")
+	}
+	_ = other.Unlock(ctx)
+}
