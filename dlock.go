@@ -62,8 +62,10 @@ const MaxNameLen = 1024
 // the leases it still holds.
 type Client struct {
 	rdb      redis.UniversalClient
-	cmd      doer // where scripts on the lock path run: rdb or its autopipeliner
-	ctxAware bool // cmd bounds I/O by ctx deadlines itself
+	ap       *redis.AutoPipeliner // rdb's shared deferred autopipeliner, if used
+	ctxAware bool                 // rdb bounds I/O by ctx deadlines itself
+	ttlArg   string               // DefaultTTL in ms, formatted once
+	inflight atomic.Int64         // lock-path scripts awaiting Redis
 	cfg      clientConfig
 	idleArg  string // idle period in ms, formatted once
 
@@ -101,18 +103,16 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		stop:     stop,
 		queues:   make(map[string]*queue),
 	}
-	c.cmd = rdb
 	if cfg.autoPipeline {
-		// Scripts go through the client's shared autopipeliner: concurrent
-		// locks and unlocks share round trips and system calls. Every script
-		// is idempotent for its token, so the pipeliner's whole-batch retry
-		// after a network error is safe. It ignores per-call contexts, so
-		// calls with a cancelable ctx are bounded by eval's own select.
-		if ap, err := rdb.AutoPipeline(); err == nil {
-			c.cmd = autoPipelined{ap}
-			c.ctxAware = false
+		// Lock and unlock scripts go through the client's shared deferred
+		// autopipeliner: concurrent calls share round trips and system
+		// calls. Every script is idempotent for its token, so the
+		// pipeliner's whole-batch retry after a network error is safe.
+		if ap, err := rdb.AsyncAutoPipeline(); err == nil {
+			c.ap = ap
 		}
 	}
+	c.ttlArg = strconv.FormatInt(DefaultTTL.Milliseconds(), 10)
 	c.dog.init()
 	c.hub.init()
 	return c

@@ -109,6 +109,20 @@ func (h *holding) lose(why string) {
 	h.end(stateLost, fmt.Errorf("%w: %s", ErrLockLost, why))
 }
 
+// live reports whether h is still held (as far as this process knows).
+func (h *holding) live() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state == stateHeld
+}
+
+// deadlineNow returns the current lease deadline.
+func (h *holding) deadlineNow() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.deadline
+}
+
 // checkDeadline ends the holding if its deadline passed, so that a holder
 // resuming from a pause sees its lease ended before any timer has fired.
 func (h *holding) checkDeadline() {
@@ -345,7 +359,7 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	}
 	switch v.(int64) {
 	case 1, 2:
-		h.c.wakeLocal(h.key)
+		h.c.wakeLocal(h)
 		if st == stateLost {
 			return l.finish(nameErr(h.name, cause))
 		}

@@ -14,8 +14,9 @@ import (
 type Mutex struct {
 	c      *Client
 	name   string
-	keys   []string // the lock key, shared by every call (go-redis only reads it)
-	keyAny any      // the lock key, boxed once
+	keys   []string  // the lock key, shared by every call (go-redis only reads it)
+	keyArr [1]string // backs keys
+	keyAny any       // &keyArr[0], for prepared command lines
 	ttl    time.Duration
 	ttlArg string
 	renew  bool
@@ -31,9 +32,14 @@ func (c *Client) Mutex(name string, opts ...LockOption) *Mutex {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	key := c.key(name)
-	m := &Mutex{c: c, name: name, keys: []string{key}, keyAny: key, ttl: cfg.ttl, renew: !cfg.noRenew}
-	m.ttlArg = strconv.FormatInt(cfg.ttl.Milliseconds(), 10)
+	m := &Mutex{c: c, name: name, ttl: cfg.ttl, renew: !cfg.noRenew}
+	m.keyArr[0] = c.key(name)
+	m.keys, m.keyAny = m.keyArr[:], &m.keyArr[0]
+	if cfg.ttl == DefaultTTL {
+		m.ttlArg = c.ttlArg
+	} else {
+		m.ttlArg = strconv.FormatInt(cfg.ttl.Milliseconds(), 10)
+	}
 	if err := validName(name); err != nil {
 		m.err = err
 	} else if err := validTTL(cfg.ttl); err != nil {
@@ -53,7 +59,7 @@ func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
 		return l, err
 	}
 	h := m.prepare(ctx)
-	l, _, err := m.attempt(ctx, h)
+	l, _, _, err := m.attempt(ctx, h)
 	if err != nil {
 		m.abandon(ctx, h.token, err)
 		return nil, m.fail(ctx, err)
@@ -79,7 +85,7 @@ func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 	h := m.prepare(ctx)
 	if !m.c.queued(m.keys[0]) {
 		// Nobody of ours waits for this lock: try it at once.
-		l, _, err := m.attempt(ctx, h)
+		l, _, _, err := m.attempt(ctx, h)
 		if l != nil {
 			return l, nil
 		}
@@ -127,8 +133,9 @@ func (m *Mutex) start(ctx context.Context) (l *Lease, err error, done bool) {
 }
 
 // attempt runs the acquire script once. It returns the lease, or how long
-// the current holder has left, or an error (whose outcome may be unknown).
-func (m *Mutex) attempt(ctx context.Context, h *holding) (*Lease, time.Duration, error) {
+// the current holder has left and its fence, or an error (whose outcome may
+// be unknown).
+func (m *Mutex) attempt(ctx context.Context, h *holding) (*Lease, time.Duration, uint64, error) {
 	sent := time.Now()
 	v, err := m.c.evalArgs(ctx, acquireScript, h.acq[:], func(v any, err error) {
 		// The caller gave up before the reply: if it was a grant (or may
@@ -138,28 +145,32 @@ func (m *Mutex) attempt(ctx context.Context, h *holding) (*Lease, time.Duration,
 		}
 	})
 	if err != nil {
-		return nil, 0, scriptErr(m.keys[0], err)
+		return nil, 0, 0, scriptErr(m.keys[0], err)
 	}
 	r, ok := v.([]any)
-	if !ok || len(r) != 2 {
-		return nil, 0, fmt.Errorf("dlock: unexpected acquire reply %v", v)
+	if !ok || len(r) < 2 {
+		return nil, 0, 0, fmt.Errorf("dlock: unexpected acquire reply %v", v)
 	}
 	ok1, _ := r[0].(int64)
 	n, _ := r[1].(int64)
 	if ok1 != 1 {
 		left := time.Duration(n) * time.Millisecond
-		if left <= 0 { // no expiry on the key (not set by dlock): look again after a TTL
+		if n < 0 { // no expiry on the key (not set by dlock): look again after a TTL
 			left = m.ttl
 		}
-		return nil, left, nil
+		var f int64
+		if len(r) > 2 {
+			f, _ = r[2].(int64)
+		}
+		return nil, left, uint64(f), nil
 	}
 	if m.c.closed.Load() {
 		// Close raced with us: give the lock straight back.
 		m.abandon(ctx, h.token, ErrClosed)
-		return nil, 0, ErrClosed
+		return nil, 0, 0, ErrClosed
 	}
 	h.activate(uint64(n), sent)
-	return &h.first, 0, nil
+	return &h.first, 0, 0, nil
 }
 
 // permanent reports errors that retrying cannot cure.
@@ -224,24 +235,43 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 		return nil, nameErr(m.name, ErrClosed)
 	}
 	backoff := time.Millisecond
+	// seen is the fence of the holder we are waiting for: a published release
+	// of an older fence is stale and does not send us to Redis again.
+	var seen uint64
+	var left time.Duration
+	// A head promoted while another waiter of ours holds the lock waits for
+	// that local release (or that lease's deadline) before asking Redis.
+	ask := true
+	c.mu.Lock()
+	if lh := q.local; lh != nil && lh.live() {
+		seen, left, ask = lh.fence, time.Until(lh.deadlineNow()), false
+	}
+	c.mu.Unlock()
 	for {
-		l, left, err := m.attempt(ctx, h)
-		if l != nil {
-			return l, nil
-		}
-		if err != nil {
-			if ctx.Err() != nil || permanent(err) {
-				m.abandon(ctx, h.token, err)
-				return nil, m.fail(ctx, err)
+		if ask {
+			l, l2, f, err := m.attempt(ctx, h)
+			if l != nil {
+				c.mu.Lock()
+				q.local = l.h
+				c.mu.Unlock()
+				return l, nil
 			}
-			// Unknown outcome or unreachable server: retry with the same
-			// token (an applied acquire is then recognised as ours).
-			left = backoff
-			backoff = min(2*backoff, 500*time.Millisecond)
-			c.cfg.logger.Debug("dlock: acquire failed, retrying", "lock", m.name, "err", err)
-		} else {
-			backoff = time.Millisecond
+			left, seen = l2, f
+			if err != nil {
+				if ctx.Err() != nil || permanent(err) {
+					m.abandon(ctx, h.token, err)
+					return nil, m.fail(ctx, err)
+				}
+				// Unknown outcome or unreachable server: retry with the same
+				// token (an applied acquire is then recognised as ours).
+				left, seen = backoff, 0
+				backoff = min(2*backoff, 500*time.Millisecond)
+				c.cfg.logger.Debug("dlock: acquire failed, retrying", "lock", m.name, "err", err)
+			} else {
+				backoff = time.Millisecond
+			}
 		}
+		ask = true
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -249,8 +279,12 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 			}
 		}
 		timer.Reset(max(left, time.Millisecond))
+	sleep:
 		select {
 		case <-q.notify:
+			if !c.released(q, seen) {
+				goto sleep
+			}
 		case <-timer.C:
 		case <-ctx.Done():
 			return nil, m.fail(ctx, ctx.Err())

@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"strings"
 	"sync/atomic"
 
@@ -56,14 +57,25 @@ type doer interface {
 	Do(ctx context.Context, args ...any) *redis.Cmd
 }
 
-// autoPipelined sends commands through go-redis's autopipeliner (whose own
-// Do bypasses the pipeline).
-type autoPipelined struct{ ap *redis.AutoPipeliner }
-
-func (p autoPipelined) Do(ctx context.Context, args ...any) *redis.Cmd {
+// submit runs one prepared command line on the client's deferred
+// autopipeliner and waits for it or for ctx, without a goroutine per call.
+// If ctx ends first, the command still runs: late (if not nil) gets its
+// reply when it comes.
+func (c *Client) submit(ctx context.Context, args []any, late func(any, error)) (any, error) {
 	cmd := redis.NewCmd(ctx, args...)
-	_ = p.ap.Process(ctx, cmd)
-	return cmd
+	f := c.ap.Submit(ctx, cmd)
+	if err := f.WaitContext(ctx); err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		if late != nil {
+			c.wg.Add(1)
+			go func() {
+				defer c.wg.Done()
+				_ = f.Wait()
+				late(cmd.Result())
+			}()
+		}
+		return nil, err
+	}
+	return cmd.Result()
 }
 
 func isNoScript(err error) bool {
@@ -98,10 +110,25 @@ func (c *Client) eval(ctx context.Context, s *script, keys []string, args ...any
 // caller's ctx ends before the reply, late (if not nil) gets the reply when
 // it comes.
 func (c *Client) evalArgs(ctx context.Context, s *script, args []any, late func(any, error)) (any, error) {
-	if c.ctxAware || ctx.Done() == nil {
-		return s.do(ctx, c.cmd, args)
+	// A lone caller goes straight to a pooled connection: batching pays only
+	// when other calls are in flight to share the round trip with.
+	if c.inflight.Add(1) > 1 && c.ap != nil {
+		defer c.inflight.Add(-1)
+		v, err := c.submit(ctx, args, late)
+		if err != nil && isNoScript(err) {
+			// Load it (on every shard of a cluster) and send it again.
+			if lerr := c.rdb.ScriptLoad(ctx, s.src).Err(); lerr != nil {
+				return nil, lerr
+			}
+			v, err = c.submit(ctx, args, late)
+		}
+		return v, err
 	}
-	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.do(ctx, c.cmd, args) }, late)
+	defer c.inflight.Add(-1)
+	if c.ctxAware || ctx.Done() == nil {
+		return s.do(ctx, c.rdb, args)
+	}
+	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.do(ctx, c.rdb, args) }, late)
 }
 
 // aside runs f, returning early with ctx's error when ctx ends first and

@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -15,6 +16,11 @@ type queue struct {
 	waiters []*waiter
 	notify  chan struct{} // a release was seen (published, or local); buffered 1 so none is missed between attempts
 	ready   chan struct{} // closed once the wake-up subscription is confirmed
+
+	// Guarded by Client.mu.
+	released uint64   // the highest fence seen released
+	forced   bool     // releases may have been missed: the head must look
+	local    *holding // the holding of the waiter of ours that got the lock last
 }
 
 type waiter struct{ turn chan struct{} }
@@ -64,14 +70,34 @@ func (c *Client) dequeue(q *queue, w *waiter) {
 	}
 }
 
-// wakeLocal tells this Client's head waiter that a lock was released here,
-// without waiting for the published message.
-func (c *Client) wakeLocal(key string) {
+// wakeLocal tells this Client's head waiter that a holding of ours was
+// released, without waiting for the published message.
+func (c *Client) wakeLocal(h *holding) {
 	c.mu.Lock()
-	if q := c.queues[key]; q != nil {
-		poke(q.notify)
+	if q := c.queues[h.key]; q != nil {
+		if q.local == h {
+			q.local = nil
+		}
+		q.wake(h.fence)
 	}
 	c.mu.Unlock()
+}
+
+// wake records that the holding with fence f was released. Called with Client.mu held.
+func (q *queue) wake(f uint64) {
+	q.released = max(q.released, f)
+	poke(q.notify)
+}
+
+// released reports whether the head should look at the lock again: the
+// holder it saw (fence seen) or a later one was released, or messages may
+// have been missed.
+func (c *Client) released(q *queue, seen uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fresh := q.forced || q.released >= seen
+	q.forced = false
+	return fresh
 }
 
 func poke(ch chan struct{}) {
@@ -224,9 +250,13 @@ func (c *Client) receiver(ps *redis.PubSub) {
 		backoff = 10 * time.Millisecond
 		switch m := msg.(type) {
 		case *redis.Message:
+			f, err := strconv.ParseUint(m.Payload, 10, 64)
 			c.mu.Lock()
 			if q := c.queues[m.Channel]; q != nil {
-				poke(q.notify)
+				if err != nil {
+					q.forced = true // not a dlock fence: look anyway
+				}
+				q.wake(f)
 			}
 			c.mu.Unlock()
 		case *redis.Subscription:
@@ -282,6 +312,7 @@ func (c *Client) resetSubs() {
 		}
 	}
 	for _, q := range c.queues {
+		q.forced = true
 		poke(q.notify)
 	}
 }

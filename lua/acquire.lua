@@ -3,7 +3,7 @@
 -- ARGV[1]  owner token (128-bit random, base64url)
 -- ARGV[2]  lease TTL in milliseconds
 -- Returns {1, fence}            acquired (or re-acquired by the same token after a lost reply)
---         {0, remaining_ms}     held by another owner for remaining_ms more
+--         {0, remaining_ms, f}  held by another owner (granted fence f) for remaining_ms more
 -- Errors  DLOCK_FOREIGN <what>  the key exists but is not a dlock mutex
 local key, token, ttl = KEYS[1], ARGV[1], ARGV[2]
 local h = redis.call('HMGET', key, 'o', 'f', 'k')
@@ -12,7 +12,7 @@ if not h[2] and redis.call('EXISTS', key) == 1 then
   return redis.error_reply('DLOCK_FOREIGN hash')
 end
 if h[1] then
-  if h[1] ~= token then return {0, redis.call('PTTL', key)} end
+  if h[1] ~= token then return {0, redis.call('PTTL', key), tonumber(h[2])} end
   -- Same token: a retry of an acquire whose reply was lost. Idempotent.
   redis.call('PEXPIRE', key, ttl)
   return {1, tonumber(h[2])}

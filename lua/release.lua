@@ -3,7 +3,9 @@
 -- ARGV[1]  owner token
 -- ARGV[2]  the fence this token was granted
 -- ARGV[3]  idle period in milliseconds: how long the fence outlives the holder
--- ARGV[4]  wake-up channel (sharded pub/sub; the key's name, so the key's slot)
+-- ARGV[4]  wake-up channel (sharded pub/sub; the key's name, so the key's slot);
+--          the message is the released fence, so waiters can tell a release of
+--          the holder they saw from an older one
 -- Returns  1  released
 --          2  already released by this same holding (a retried release)
 --          0  not the owner: the lease was lost (expired, taken, or deleted)
@@ -17,5 +19,5 @@ if h[1] ~= token then
 end
 redis.call('HDEL', key, 'o')
 redis.call('PEXPIRE', key, ARGV[3])
-redis.call('SPUBLISH', ARGV[4], 'r')
+redis.call('SPUBLISH', ARGV[4], ARGV[2])
 return 1
