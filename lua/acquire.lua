@@ -19,8 +19,10 @@ if h[1] then
 end
 -- Fences never go backwards: one more than the last, and never below the
 -- server clock in microseconds, so a counter that expired with its lock,
--- was reclaimed after the idle period or was lost in a restart is reseeded
--- above every fence it handed out (grants are microseconds apart).
+-- was reclaimed after the idle period, was lost in a restart, or came back
+-- older than it was (a lost AOF tail) still goes past every fence it handed
+-- out (grants are microseconds apart). TestFault8AOFTailLost fails without
+-- the clock term.
 local t = redis.call('TIME')
 local f = math.max((tonumber(h[2]) or 0) + 1, t[1] * 1000000 + t[2])
 redis.call('HSET', key, 'o', token, 'f', string.format('%.0f', f))

@@ -1,0 +1,112 @@
+// Command dlock is the command-line tool of the dlock distributed-lock
+// library.
+//
+// Usage:
+//
+//	dlock <command> [flags] [args]
+//
+// Each command lives in its own file and registers itself in init; see
+// "dlock help" for the list. Exit codes shared by all commands:
+//
+//	0   success
+//	1   the command ran and failed (for market: a conservation check failed)
+//	64  usage error (EX_USAGE): bad flags or arguments, one line on stderr
+//	69  service unavailable (EX_UNAVAILABLE): Redis cannot be reached or started
+//	130 interrupted (SIGINT or SIGTERM)
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Exit codes; see the package documentation.
+const (
+	exitOK          = 0
+	exitFailed      = 1
+	exitUsage       = 64
+	exitUnavailable = 69
+	exitInterrupted = 130
+)
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string // one line for "dlock help"
+	// run executes the command with the arguments after its name and
+	// returns the exit code. ctx ends on SIGINT or SIGTERM.
+	run func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}
+
+// commands holds every registered subcommand, by name.
+var commands = map[string]command{}
+
+// register adds c; each command's file calls it from init.
+func register(c command) {
+	if _, dup := commands[c.name]; dup {
+		panic("dlock: command registered twice: " + c.name)
+	}
+	commands[c.name] = c
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// After the first signal, restore the default handling so that a
+	// second one kills the process at once.
+	go func() { <-ctx.Done(); stop() }()
+	// go-redis logs every failed dial on its own; commands report errors
+	// in one line instead.
+	redis.SetLogger(quietLogger{})
+	code := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// dispatch runs the command named by args[0].
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		usage(stdout)
+		return exitOK
+	}
+	c, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "dlock: unknown command %q (commands: %s; see dlock help)\n", args[0], strings.Join(commandNames(), ", "))
+		return exitUsage
+	}
+	return c.run(ctx, args[1:], stdout, stderr)
+}
+
+func commandNames() []string {
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "dlock: distributed locks on Redis\n\nUsage:\n  dlock <command> [flags] [args]\n\nCommands:\n")
+	for _, n := range commandNames() {
+		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintf(w, "\nRun \"dlock <command> -h\" for a command's flags.\n")
+}
+
+// quietLogger discards go-redis's internal log lines.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}

@@ -1,0 +1,300 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/market"
+)
+
+func init() {
+	register(command{
+		name:    "market",
+		summary: "run the marketplace experiment (Redis in Action ch. 6): WATCH vs locks",
+		run:     runMarket,
+	})
+}
+
+// newLocker builds the Locker for the dlock-* rows from a pooled client of
+// the server under test, and returns the function that closes it. It is set
+// by locker.go when the lock core is compiled in; while nil, those rows are
+// skipped.
+var newLocker func(rdb redis.UniversalClient) (market.Locker, func() error)
+
+const marketUsage = `Usage: dlock market [flags]
+
+Runs the marketplace experiment of Redis in Action, chapter 6: sellers list
+items, buyers buy them, with optimistic WATCH transactions, the book's coarse
+and fine locks, dlock's locks and a Lua script, under each load. Prints the
+book's table with extra columns, checks that no money or item was created or
+lost, and can write a chart.
+
+Without --redis (or DLOCK_REDIS_URL / REDIS_URL) it starts a private
+redis-server on a free loopback port, or an in-process server if
+redis-server is not installed. A server given with --redis is flushed before
+every cell; a non-empty database needs --flush.
+
+Exit codes: 0 ok, 1 a conservation check failed, 64 usage error,
+69 Redis unavailable, 130 interrupted.
+
+Flags:
+`
+
+// marketFlags are the parsed flags of "dlock market".
+type marketFlags struct {
+	redisURL string
+	duration time.Duration
+	loads    []market.Load
+	variants []string
+	pick     string
+	seed     int64
+	json     bool
+	chart    string
+	quiet    bool
+	flush    bool
+	// variantsSet is true when --variants was given.
+	variantsSet bool
+}
+
+// parseMarketFlags parses args; a nil error with help true means -h.
+func parseMarketFlags(args []string, stdout io.Writer) (f marketFlags, help bool, err error) {
+	fs := flag.NewFlagSet("dlock market", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&f.redisURL, "redis", "", "Redis `URL` (redis://, rediss://, unix://); default $DLOCK_REDIS_URL, $REDIS_URL, else a private server")
+	fs.DurationVar(&f.duration, "duration", market.DefaultDuration, "length of each cell")
+	loads := fs.String("loads", "1/1,5/1,5/5", "comma-separated `listers/buyers` loads")
+	variants := fs.String("variants", "", "comma-separated variants (default all: "+strings.Join(market.Variants(), ",")+")")
+	fs.StringVar(&f.pick, "pick", market.DefaultPick, "buyers' item choice: cheapest10, cheapest or random")
+	fs.Int64Var(&f.seed, "seed", 1, "seed for prices and picks")
+	fs.BoolVar(&f.json, "json", false, "print JSON instead of the table")
+	fs.StringVar(&f.chart, "chart", "", "write an SVG chart to `FILE.svg`")
+	fs.BoolVar(&f.quiet, "quiet", false, "no progress lines on stderr")
+	fs.BoolVar(&f.flush, "flush", false, "allow flushing a non-empty database given with --redis")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, marketUsage)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return f, true, nil
+		}
+		return f, false, err
+	}
+	if fs.NArg() > 0 {
+		return f, false, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if f.duration <= 0 {
+		return f, false, fmt.Errorf("--duration must be positive, got %v", f.duration)
+	}
+	if f.loads, err = market.ParseLoads(*loads); err != nil {
+		return f, false, err
+	}
+	fs.Visit(func(fl *flag.Flag) { f.variantsSet = f.variantsSet || fl.Name == "variants" })
+	for _, v := range strings.Split(*variants, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			f.variants = append(f.variants, v)
+		}
+	}
+	if f.variantsSet && len(f.variants) == 0 {
+		return f, false, errors.New("--variants is empty")
+	}
+	if f.redisURL == "" {
+		f.redisURL = os.Getenv("DLOCK_REDIS_URL")
+	}
+	if f.redisURL == "" {
+		f.redisURL = os.Getenv("REDIS_URL")
+	}
+	return f, false, nil
+}
+
+// runMarket is "dlock market".
+func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	usageErr := func(err error) int {
+		msg := strings.TrimPrefix(err.Error(), market.ErrInvalidConfig.Error()+": ")
+		fmt.Fprintf(stderr, "dlock market: %s (see dlock market -h)\n", msg)
+		return exitUsage
+	}
+	f, help, err := parseMarketFlags(args, stdout)
+	if help {
+		return exitOK
+	}
+	if err != nil {
+		return usageErr(err)
+	}
+	say := func(format string, args ...any) {
+		if !f.quiet {
+			fmt.Fprintf(stderr, "dlock market: "+format+"\n", args...)
+		}
+	}
+
+	cfg := market.Config{
+		Duration: f.duration,
+		Loads:    f.loads,
+		Variants: f.variants,
+		Pick:     f.pick,
+		Seed:     f.seed,
+	}
+	if !f.quiet {
+		cfg.Progress = stderr
+	}
+
+	// Check everything the user typed before starting or touching a server.
+	var opts *redis.Options
+	if f.redisURL != "" {
+		if opts, err = redis.ParseURL(f.redisURL); err != nil {
+			return usageErr(fmt.Errorf("--redis %q: %v", f.redisURL, err))
+		}
+	}
+	cfg.NewClient = func() redis.UniversalClient { return nil }
+	if err := cfg.Validate(); err != nil {
+		return usageErr(err)
+	}
+
+	var srv *embeddedServer
+	if opts == nil {
+		srv, err = startEmbedded(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return exitInterrupted
+			}
+			fmt.Fprintf(stderr, "dlock market: cannot start a private Redis server: %v\n", err)
+			return exitUnavailable
+		}
+		defer srv.stop()
+		opts = &redis.Options{Addr: srv.addr}
+		say("using %s", srv.describe)
+		if srv.miniredis && !f.variantsSet {
+			cfg.Variants = slices.DeleteFunc(market.Variants(), func(v string) bool { return v == market.VariantWatch })
+			say("skipping the watch row: miniredis does not abort a WATCH transaction when another client ZREMs from the watched set, so WATCH purchases would double-sell and fail the check (pass --variants to run it anyway)")
+		}
+	}
+	if !f.variantsSet {
+		if cfg.Variants == nil {
+			cfg.Variants = market.Variants()
+		}
+		cfg.Variants = slices.DeleteFunc(cfg.Variants, func(v string) bool { return v == market.VariantDlockFairFine })
+		say("skipping the dlock-fair-fine row: the lock core's Fair() mode is not built yet")
+	}
+	opts.DisableIdentity = true
+	newClient := func(poolSize int) *redis.Client {
+		o := *opts
+		o.PoolSize = poolSize
+		return redis.NewClient(&o)
+	}
+	cfg.NewClient = func() redis.UniversalClient { return newClient(1) }
+
+	admin := newClient(2)
+	defer admin.Close()
+	if srv == nil {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		size, err := admin.DBSize(pctx).Result()
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return exitInterrupted
+			}
+			fmt.Fprintf(stderr, "dlock market: cannot reach Redis at %s: %v\n", opts.Addr, err)
+			return exitUnavailable
+		}
+		if size > 0 && !f.flush {
+			return usageErr(fmt.Errorf("database %d at %s holds %d keys and the experiment flushes it; pass --flush or use an empty database (e.g. redis://%s/15)", opts.DB, opts.Addr, size, opts.Addr))
+		}
+		say("using Redis at %s, database %d", opts.Addr, opts.DB)
+	}
+
+	if newLocker != nil {
+		lockRDB := newClient(0) // go-redis's default pool size
+		locker, closeLocker := newLocker(lockRDB)
+		defer lockRDB.Close()
+		defer closeLocker()
+		if err := probeLocker(ctx, locker); err != nil {
+			say("the dlock-* rows are skipped: the lock core cannot lock on this server: %v", err)
+		} else {
+			cfg.Locker = locker
+		}
+	} else {
+		say("the dlock-* rows are skipped: this binary was built without the lock core")
+	}
+
+	results, runErr := market.Run(ctx, cfg)
+
+	if len(results) > 0 {
+		if f.json {
+			if err := market.WriteJSON(stdout, results); err != nil {
+				fmt.Fprintf(stderr, "dlock market: writing JSON: %v\n", err)
+				return exitFailed
+			}
+		} else {
+			market.WriteTable(stdout, results)
+		}
+		if f.chart != "" {
+			if err := writeChart(f.chart, results); err != nil {
+				fmt.Fprintf(stderr, "dlock market: writing the chart: %v\n", err)
+				return exitFailed
+			}
+			say("chart written to %s", f.chart)
+		}
+	}
+
+	var checkErr *market.CheckError
+	switch {
+	case runErr == nil:
+		return exitOK
+	case ctx.Err() != nil:
+		fmt.Fprintf(stderr, "dlock market: interrupted\n")
+		return exitInterrupted
+	case errors.As(runErr, &checkErr):
+		fmt.Fprintf(stderr, "dlock market: %v\n", runErr)
+		return exitFailed
+	case errors.Is(runErr, market.ErrInvalidConfig):
+		return usageErr(runErr)
+	case isUnavailable(runErr):
+		fmt.Fprintf(stderr, "dlock market: Redis became unavailable: %v\n", runErr)
+		return exitUnavailable
+	default:
+		fmt.Fprintf(stderr, "dlock market: %v\n", runErr)
+		return exitFailed
+	}
+}
+
+// probeLocker takes and releases one lock, so that a server the lock core
+// cannot work with (the in-process fallback lacks some commands) skips the
+// dlock-* rows with a reason instead of filling them with errors.
+func probeLocker(ctx context.Context, l market.Locker) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	unlock, err := l.Lock(ctx, "dlock-market-probe", false)
+	if err != nil {
+		return err
+	}
+	return unlock(ctx)
+}
+
+// isUnavailable reports whether err looks like a lost or refused
+// connection.
+func isUnavailable(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, redis.ErrClosed)
+}
+
+// writeChart writes the SVG chart to path.
+func writeChart(path string, results []market.Result) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := market.WriteSVG(f, results); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

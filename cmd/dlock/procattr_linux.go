@@ -1,0 +1,11 @@
+//go:build linux
+
+package main
+
+import "syscall"
+
+// childAttr puts a child server in its own process group and asks the
+// kernel to kill it if dlock dies without stopping it (Pdeathsig).
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}

@@ -1,0 +1,11 @@
+//go:build unix && !linux
+
+package main
+
+import "syscall"
+
+// childAttr puts a child server in its own process group. Without Linux's
+// Pdeathsig, a child of a killed dlock outlives it.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true}
+}

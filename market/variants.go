@@ -1,0 +1,48 @@
+package market
+
+// lockKind says which lock, if any, guards a variant's critical sections.
+type lockKind int
+
+const (
+	lockNone     lockKind = iota // watch (optimistic) or lua (atomic script)
+	lockFaithful                 // the book's SETNX lock
+	lockDlock                    // Config.Locker
+)
+
+// variantSpec describes one row of the table.
+type variantSpec struct {
+	name  string
+	label string // the book's wording for its rows
+	book  bool   // one of the book's rows (false: improved row)
+	lock  lockKind
+	fine  bool // lock per market entry instead of the whole market
+	fair  bool // Locker asked for FIFO hand-off
+	lua   bool
+	// listTrips is the fewest round trips one listing can take; it sizes
+	// the sellers' inventories so that no lister can run out.
+	listTrips int
+}
+
+// variantSpecs is in table order.
+var variantSpecs = []variantSpec{
+	{name: VariantWatch, label: "WATCH", book: true, listTrips: 3},
+	// SETNX, SISMEMBER, MULTI..EXEC, then WATCH, GET, MULTI DEL EXEC.
+	{name: VariantCoarse, label: "coarse lock", book: true, lock: lockFaithful, listTrips: 6},
+	{name: VariantFine, label: "fine lock", book: true, lock: lockFaithful, fine: true, listTrips: 6},
+	// At least one trip to lock and one to unlock around SISMEMBER and
+	// MULTI..EXEC.
+	{name: VariantDlockCoarse, label: "dlock coarse", lock: lockDlock, listTrips: 4},
+	{name: VariantDlockFine, label: "dlock fine", lock: lockDlock, fine: true, listTrips: 4},
+	{name: VariantDlockFairFine, label: "dlock fair fine", lock: lockDlock, fine: true, fair: true, listTrips: 4},
+	{name: VariantLua, label: "Lua script", lua: true, listTrips: 1},
+}
+
+// specFor returns the variant named name, or nil.
+func specFor(name string) *variantSpec {
+	for i := range variantSpecs {
+		if variantSpecs[i].name == name {
+			return &variantSpecs[i]
+		}
+	}
+	return nil
+}
