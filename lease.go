@@ -21,16 +21,17 @@ const (
 // holding is one ownership of a lock in Redis. Reentrant Lock calls share it;
 // each of them gets its own Lease.
 type holding struct {
-	c        *Client
-	name     string
-	key      string
-	token    string
-	fence    uint64
-	fenceStr string
-	renew    bool
-	parent   context.Context // the ctx Lock was called with: values of the lease context come from it
-	acq      [6]any          // the acquire command line; never changed once sent
-	rel      [8]any          // the release command line; never changed once built
+	c         *Client
+	name      string
+	key       string
+	token     string
+	fence     uint64
+	fenceStr  string
+	renew     bool
+	contended bool            // obtained after waiting: its release is likely awaited too
+	parent    context.Context // the ctx Lock was called with: values of the lease context come from it
+	acq       [6]any          // the acquire command line; never changed once sent
+	rel       [8]any          // the release command line; never changed once built
 
 	mu       sync.Mutex
 	ttl      time.Duration
@@ -348,7 +349,7 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	if st == stateHeld {
 		h.end(stateReleased, context.Canceled)
 	}
-	v, err := h.c.evalArgs(ctx, releaseScript, h.rel[:], nil)
+	v, err := h.c.evalArgs(ctx, releaseScript, h.rel[:], h.contended, nil)
 	if err != nil {
 		if errors.Is(scriptErr(h.key, err), ErrForeignKey) {
 			return l.finish(nameErr(h.name, fmt.Errorf("%w: %w", ErrLockLost, scriptErr(h.key, err))))

@@ -59,7 +59,7 @@ func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
 		return l, err
 	}
 	h := m.prepare(ctx)
-	l, _, _, err := m.attempt(ctx, h)
+	l, _, _, err := m.attempt(ctx, h, false)
 	if err != nil {
 		m.abandon(ctx, h.token, err)
 		return nil, m.fail(ctx, err)
@@ -85,7 +85,7 @@ func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 	h := m.prepare(ctx)
 	if !m.c.queued(m.keys[0]) {
 		// Nobody of ours waits for this lock: try it at once.
-		l, _, _, err := m.attempt(ctx, h)
+		l, _, _, err := m.attempt(ctx, h, false)
 		if l != nil {
 			return l, nil
 		}
@@ -135,9 +135,10 @@ func (m *Mutex) start(ctx context.Context) (l *Lease, err error, done bool) {
 // attempt runs the acquire script once. It returns the lease, or how long
 // the current holder has left and its fence, or an error (whose outcome may
 // be unknown).
-func (m *Mutex) attempt(ctx context.Context, h *holding) (*Lease, time.Duration, uint64, error) {
+func (m *Mutex) attempt(ctx context.Context, h *holding, waited bool) (*Lease, time.Duration, uint64, error) {
 	sent := time.Now()
-	v, err := m.c.evalArgs(ctx, acquireScript, h.acq[:], func(v any, err error) {
+	h.contended = waited
+	v, err := m.c.evalArgs(ctx, acquireScript, h.acq[:], waited, func(v any, err error) {
 		// The caller gave up before the reply: if it was a grant (or may
 		// have been), give the lock back rather than leave it to its TTL.
 		if r, ok := v.([]any); err != nil || (ok && len(r) == 2 && r[0] == int64(1)) {
@@ -249,7 +250,7 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 	c.mu.Unlock()
 	for {
 		if ask {
-			l, l2, f, err := m.attempt(ctx, h)
+			l, l2, f, err := m.attempt(ctx, h, true)
 			if l != nil {
 				c.mu.Lock()
 				q.local = l.h

@@ -108,11 +108,12 @@ func (c *Client) eval(ctx context.Context, s *script, keys []string, args ...any
 
 // evalArgs is eval for a prepared command line (see script.do). If the
 // caller's ctx ends before the reply, late (if not nil) gets the reply when
-// it comes.
-func (c *Client) evalArgs(ctx context.Context, s *script, args []any, late func(any, error)) (any, error) {
+// it comes. Urgent calls (a hand-off is waiting on them) skip the pipeliner.
+func (c *Client) evalArgs(ctx context.Context, s *script, args []any, urgent bool, late func(any, error)) (any, error) {
 	// A lone caller goes straight to a pooled connection: batching pays only
-	// when other calls are in flight to share the round trip with.
-	if c.inflight.Add(1) > 1 && c.ap != nil {
+	// when other calls are in flight to share the round trip with, and costs
+	// a hop through the pipeliner's goroutine.
+	if c.inflight.Add(1) > 1 && c.ap != nil && !urgent {
 		defer c.inflight.Add(-1)
 		v, err := c.submit(ctx, args, late)
 		if err != nil && isNoScript(err) {
