@@ -1,0 +1,240 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The testing.B side of the bench, for benchstat:
+//
+//	cd bench && go test -run '^$' -bench . -benchtime 2s -count 6 | tee new.txt; benchstat new.txt
+//
+// Flags after -args: -impls (default: every compiled-in implementation),
+// -redis URL (default: a private redis-server on a free loopback port),
+// -goroutines (default 64).
+
+var (
+	testImpls      = flag.String("impls", "", "implementations to benchmark, comma-separated (default: all compiled in)")
+	testRedis      = flag.String("redis", "", "Redis URL (default: start a private redis-server)")
+	testGoroutines = flag.Int("goroutines", 64, "goroutines of BenchmarkUncontended (via SetParallelism)")
+)
+
+var (
+	testEnv     *env
+	testEnvErr  error
+	testLockers = map[string]locker{}
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	url := *testRedis
+	var srv *server
+	if url == "" {
+		srv, testEnvErr = startServer("redis-server")
+		if testEnvErr == nil {
+			url = "redis://" + srv.addr
+		}
+	}
+	if testEnvErr == nil {
+		testEnv, testEnvErr = newEnv(url, 0, 10*time.Second, time.Millisecond)
+	}
+	code := m.Run()
+	for _, l := range testLockers {
+		_ = l.Close()
+	}
+	if testEnv != nil {
+		_ = testEnv.rdb.Close()
+	}
+	srv.stop()
+	os.Exit(code)
+}
+
+func selectedImpls(tb testing.TB) []*impl {
+	list := *testImpls
+	if list == "" {
+		list = strings.Join(knownImpls(), ",")
+	}
+	ims, err := parseImpls(list)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ims
+}
+
+// lockerFor opens im once per test binary run.
+func lockerFor(tb testing.TB, im *impl) locker {
+	if testEnvErr != nil {
+		tb.Skipf("no Redis: %v", testEnvErr)
+	}
+	if l, ok := testLockers[im.name]; ok {
+		return l
+	}
+	l, err := im.open(testEnv)
+	if err != nil {
+		tb.Fatalf("open %s: %v", im.name, err)
+	}
+	testLockers[im.name] = l
+	return l
+}
+
+// BenchmarkUncontended: 64 goroutines (SetParallelism × GOMAXPROCS), each
+// lock+unlock on its own key. ns/op is wall time per cycle of the whole
+// group (the inverse of cycles/s); allocs/op counts every goroutine's.
+func BenchmarkUncontended(b *testing.B) {
+	procs := runtime.GOMAXPROCS(0)
+	par := max(1, (*testGoroutines+procs-1)/procs)
+	for _, im := range selectedImpls(b) {
+		b.Run("impl="+im.name, func(b *testing.B) {
+			l := lockerFor(b, im)
+			ctx := context.Background()
+			var next atomic.Int64
+			b.SetParallelism(par)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				key := uncontendedKey(im.name, int(next.Add(1)))
+				for pb.Next() {
+					h, err := l.Lock(ctx, key)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if err := h.Unlock(ctx); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+		})
+	}
+}
+
+// BenchmarkSerial: one goroutine, lock+unlock on one key: the latency of a
+// cycle and its allocations with nothing else running.
+func BenchmarkSerial(b *testing.B) {
+	for _, im := range selectedImpls(b) {
+		b.Run("impl="+im.name, func(b *testing.B) {
+			l := lockerFor(b, im)
+			ctx := context.Background()
+			key := uncontendedKey(im.name, 0)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				h, err := l.Lock(ctx, key)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := h.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestExclusion checks each adapter before it is measured: a held key makes
+// a second Lock wait until its ctx ends, and a released key can be locked.
+func TestExclusion(t *testing.T) {
+	for _, im := range selectedImpls(t) {
+		t.Run(im.name, func(t *testing.T) {
+			l := lockerFor(t, im)
+			key := fmt.Sprintf("bench:test:%s:%d", im.name, time.Now().UnixNano())
+			h, err := l.Lock(context.Background(), key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			if h2, err := l.Lock(ctx, key); err == nil {
+				_ = h2.Unlock(context.Background())
+				t.Fatal("second Lock of a held key succeeded")
+			} else if !errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				t.Fatalf("second Lock: %v before its ctx ended", err)
+			}
+			if err := h.Unlock(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			h, err = l.Lock(context.Background(), key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := h.Unlock(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestAnalyzeHotkey checks the hot-key arithmetic on a made-up history.
+func TestAnalyzeHotkey(t *testing.T) {
+	ms := int64(time.Millisecond)
+	start := time.Unix(100, 0)
+	s := start.UnixNano()
+	p := hotkeyParams{waiters: 3, window: 10 * time.Millisecond, tail: 5 * time.Millisecond, rttNanos: 0}
+	results := []workerResult{
+		{Acquired: []acquisition{
+			{0, s, s, s + 1*ms, s + 1*ms},               // waited 0
+			{1, s, s + 2*ms, s + 3*ms, s + 3*ms},        // waited 2ms; gap 1ms
+			{0, s + 1*ms, s + 4*ms, s + 5*ms, s + 5*ms}, // waited 3ms; gap 1ms
+		}},
+		{Pending: []pending{{2, s + 2*ms}}}, // censored: waited 15−2 = 13ms
+	}
+	var run hotkeyRun
+	analyzeHotkey(&run, p, start, results)
+	if run.Handoffs != 3 || run.Censored != 1 || run.Requests != 4 || run.Overlaps != 0 {
+		t.Fatalf("handoffs %d censored %d requests %d overlaps %d", run.Handoffs, run.Censored, run.Requests, run.Overlaps)
+	}
+	if run.HandoffsPerSec != 300 || run.HoldMeanMS != 1 || run.WaitMaxMS != 13 || run.GapP50MS != 1 {
+		t.Fatalf("hps %v hold %v max %v gap %v", run.HandoffsPerSec, run.HoldMeanMS, run.WaitMaxMS, run.GapP50MS)
+	}
+	if run.Efficiency != 0.3 || run.BoundMS != 2 || run.MinPerWaiter != 0 || run.MaxPerWaiter != 2 {
+		t.Fatalf("eff %v bound %v min %d max %d", run.Efficiency, run.BoundMS, run.MinPerWaiter, run.MaxPerWaiter)
+	}
+	// An acquisition inside another holder's hold is counted as an overlap.
+	results[0].Acquired = append(results[0].Acquired, acquisition{2, s, s + 4*ms + ms/2, s + 6*ms, s + 6*ms})
+	run = hotkeyRun{}
+	analyzeHotkey(&run, p, start, results[:1])
+	if run.Overlaps != 1 {
+		t.Fatalf("overlaps %d, want 1", run.Overlaps)
+	}
+}
+
+func TestMarshalIndentNaN(t *testing.T) {
+	type inner struct {
+		X float64 `json:"x"`
+		Y float64 `json:"y,omitempty"`
+		S string  `json:"s,omitempty"`
+	}
+	v := struct {
+		A []inner        `json:"a"`
+		M map[string]int `json:"m"`
+		P *inner         `json:"p"`
+		N [2]int64       `json:"n"`
+		Z float64        `json:"-"`
+	}{A: []inner{{X: math.NaN()}, {X: 1.5, Y: math.Inf(1), S: "q"}}, M: map[string]int{"b": 2, "a": 1}, N: [2]int64{3, 4}}
+	b, err := marshalIndent(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatalf("%v in %s", err, b)
+	}
+	want := `{"a":[{"x":null},{"x":1.5,"y":null,"s":"q"}],"m":{"a":1,"b":2},"p":null,"n":[3,4]}`
+	var c bytes.Buffer
+	if err := json.Compact(&c, b); err != nil || c.String() != want {
+		t.Fatalf("got %s, want %s", c.String(), want)
+	}
+}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// locker is what every measured implementation is reduced to: take a lock by
+// key, waiting with the implementation's own waiting settings until it is
+// obtained or ctx ends, and release it.
+//
+// Adapters build whatever per-lock handle their library wants on every call
+// (redsync.NewMutex, dlock's Client.Mutex, ...): real code locks a different
+// name each time (one per order, per item), so handle construction is part of
+// the cost measured.
+type locker interface {
+	Lock(ctx context.Context, key string) (held, error)
+	// Close releases what Open created (not the shared go-redis client).
+	Close() error
+}
+
+// held is one holding of a lock. Adapters return pointer-shaped values
+// (a pointer, or a struct of one pointer or func) so that the conversion
+// to the interface adds no allocation of its own.
+type held interface {
+	Unlock(ctx context.Context) error
+}
+
+// env is what an implementation is opened with: the same server, the same
+// go-redis client and the same lease length for everyone.
+type env struct {
+	url   string        // redis:// URL of the server
+	rdb   *redis.Client // the go-redis client shared by every go-redis implementation
+	ttl   time.Duration // lease length for every implementation
+	retry time.Duration // retry delay of the polling implementations (raw, redsync, redislock)
+}
+
+type impl struct {
+	name string
+	// order places the implementation in tables (raw floor first).
+	order int
+	// settings says, in one line, how the implementation is configured,
+	// above all how it waits on a held lock.
+	settings func(e *env) string
+	open     func(e *env) (locker, error)
+}
+
+var registry = map[string]*impl{}
+
+func register(i *impl) {
+	if _, dup := registry[i.name]; dup {
+		panic("bench: implementation registered twice: " + i.name)
+	}
+	registry[i.name] = i
+}
+
+// knownImpls lists the compiled-in implementations in table order.
+func knownImpls() []string {
+	var names []string
+	for n := range registry {
+		names = append(names, n)
+	}
+	sort.Slice(names, func(a, b int) bool {
+		ia, ib := registry[names[a]], registry[names[b]]
+		if ia.order != ib.order {
+			return ia.order < ib.order
+		}
+		return ia.name < ib.name
+	})
+	return names
+}
+
+// parseImpls checks a comma-separated list against the registry.
+func parseImpls(list string) ([]*impl, error) {
+	var out []*impl
+	seen := map[string]bool{}
+	for _, n := range strings.Split(list, ",") {
+		n = strings.TrimSpace(n)
+		if n == "" || seen[n] {
+			continue
+		}
+		seen[n] = true
+		i, ok := registry[n]
+		if !ok {
+			hint := ""
+			if strings.HasPrefix(n, "dlock") {
+				hint = " (built with -tags nodlock?)"
+			}
+			return nil, fmt.Errorf("unknown implementation %q%s; compiled in: %s", n, hint, strings.Join(knownImpls(), ","))
+		}
+		out = append(out, i)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no implementation selected")
+	}
+	return out, nil
+}

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The raw floor: what the two Redis commands cost on the shared go-redis
+// client, with no library around them. SET key token NX PX ttl to take the
+// lock, compare-and-delete by EVALSHA to release it; a held lock is retried
+// after a fixed sleep (env.retry, 1ms).
+
+// rawUnlock is the compare-and-delete release script.
+var rawUnlock = redis.NewScript(`if redis.call('get',KEYS[1])==ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end`)
+
+var errRawNotHeld = errors.New("raw: lock not held at unlock")
+
+func init() {
+	register(&impl{
+		name:  "raw",
+		order: 0,
+		settings: func(e *env) string {
+			return fmt.Sprintf("SET NX PX %v + EVALSHA compare-and-delete on the shared go-redis client; waits by retrying SET NX after a %v timer", e.ttl, e.retry)
+		},
+		open: func(e *env) (locker, error) { return openRaw(e, false) },
+	})
+	register(&impl{
+		name:  "raw-autopipeline",
+		order: 1,
+		settings: func(e *env) string {
+			return fmt.Sprintf("the raw floor's commands (SET NX PX %v, EVALSHA compare-and-delete, %v retry timer) sent through the shared go-redis client's AutoPipeline() (default options), as dlock sends its scripts", e.ttl, e.retry)
+		},
+		open: func(e *env) (locker, error) { return openRaw(e, true) },
+	})
+}
+
+// rawConn is what the raw floor sends through: the go-redis client itself, or
+// its shared autopipeliner.
+type rawConn interface {
+	redis.Scripter
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+type rawLocker struct {
+	rdb   rawConn
+	ttlMS any // boxed once, so a SET adds no allocation for it
+	retry time.Duration
+}
+
+func openRaw(e *env, autoPipeline bool) (locker, error) {
+	if err := rawUnlock.Load(context.Background(), e.rdb).Err(); err != nil {
+		return nil, err
+	}
+	var conn rawConn = e.rdb
+	if autoPipeline {
+		ap, err := e.rdb.AutoPipeline()
+		if err != nil {
+			return nil, err
+		}
+		conn = ap
+	}
+	return &rawLocker{rdb: conn, ttlMS: strconv.FormatInt(e.ttl.Milliseconds(), 10), retry: e.retry}, nil
+}
+
+func (l *rawLocker) Close() error { return nil }
+
+type rawHeld struct {
+	rdb        rawConn
+	key, token string
+}
+
+func (l *rawLocker) Lock(ctx context.Context, key string) (held, error) {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand contract since Go 1.24)
+	token := hex.EncodeToString(b[:])
+	var timer *time.Timer
+	for {
+		cmd := redis.NewBoolCmd(ctx, "set", key, token, "px", l.ttlMS, "nx")
+		_ = l.rdb.Process(ctx, cmd)
+		ok, err := cmd.Result()
+		if err != nil && err != redis.Nil {
+			return nil, err
+		}
+		if ok {
+			return &rawHeld{rdb: l.rdb, key: key, token: token}, nil
+		}
+		if timer == nil {
+			timer = time.NewTimer(l.retry)
+			defer timer.Stop()
+		} else {
+			timer.Reset(l.retry)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timer.C:
+		}
+	}
+}
+
+func (h *rawHeld) Unlock(ctx context.Context) error {
+	n, err := rawUnlock.Run(ctx, h.rdb, []string{h.key}, h.token).Int64()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return errRawNotHeld
+	}
+	return nil
+}
