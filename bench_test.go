@@ -108,8 +108,20 @@ func BenchmarkLockUnlockSerial(b *testing.B) {
 // critical section. Reports hand-offs per second and efficiency =
 // hand-offs/s × (hold + RTT), where 1.0 means no time is lost between holders.
 func BenchmarkHotKey(b *testing.B) {
-	for _, waiters := range []int{16, 64} {
-		b.Run("waiters="+strconv.Itoa(waiters), func(b *testing.B) {
+	for _, mode := range []string{"default", "fair"} {
+		for _, waiters := range []int{16, 64} {
+			b.Run("mode="+mode+"/waiters="+strconv.Itoa(waiters), func(b *testing.B) { hotKey(b, mode == "fair", waiters) })
+		}
+	}
+}
+
+func hotKey(b *testing.B, fair bool, waiters int) {
+	var opts []dlock.LockOption
+	if fair {
+		opts = append(opts, dlock.Fair())
+	}
+	{
+		{
 			s := redistest.Start(b)
 			var clients []*dlock.Client
 			for i := 0; i < 4; i++ {
@@ -135,7 +147,7 @@ func BenchmarkHotKey(b *testing.B) {
 			for w := 0; w < waiters; w++ {
 				go func(c *dlock.Client) {
 					for n.Load() < int64(b.N) {
-						l, err := c.Mutex("hot").Lock(ctx)
+						l, err := c.Mutex("hot", opts...).Lock(ctx)
 						if err != nil {
 							b.Error(err)
 							break
@@ -170,6 +182,6 @@ func BenchmarkHotKey(b *testing.B) {
 				b.ReportMetric(float64(gaps[len(gaps)/2].Microseconds()), "gap-p50-µs")
 				b.ReportMetric(float64(gaps[len(gaps)*99/100].Microseconds()), "gap-p99-µs")
 			}
-		})
+		}
 	}
 }

@@ -65,6 +65,7 @@ type Client struct {
 	ap       *redis.AutoPipeliner // rdb's shared deferred autopipeliner, if used
 	ctxAware bool                 // rdb bounds I/O by ctx deadlines itself
 	ttlArg   string               // DefaultTTL in ms, formatted once
+	liveArg  string               // fairLiveness in ms, formatted once
 	inflight atomic.Int64         // lock-path scripts awaiting Redis
 	cfg      clientConfig
 	idleArg  string // idle period in ms, formatted once
@@ -77,8 +78,9 @@ type Client struct {
 	tokens tokenSource
 	dog    watchdog
 
-	mu     sync.Mutex        // guards queues and hub
-	queues map[string]*queue // local waiters per lock key
+	mu     sync.Mutex             // guards queues and hub
+	queues map[string]*queue      // local waiters per lock key
+	grants map[string]chan uint64 // Fair waiters by token: the fence they were handed
 	hub    wakeHub
 }
 
@@ -102,6 +104,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		bg:       bg,
 		stop:     stop,
 		queues:   make(map[string]*queue),
+		grants:   make(map[string]chan uint64),
 	}
 	if cfg.autoPipeline {
 		// Lock and unlock scripts go through the client's shared deferred
@@ -113,6 +116,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		}
 	}
 	c.ttlArg = strconv.FormatInt(DefaultTTL.Milliseconds(), 10)
+	c.liveArg = strconv.FormatInt(fairLiveness.Milliseconds(), 10)
 	c.dog.init()
 	c.hub.init()
 	return c
@@ -131,7 +135,7 @@ func (c *Client) Close() error {
 	defer cancel()
 	for _, h := range held {
 		if h.end(stateClosed, ErrClosed) {
-			_, _ = releaseScript.do(ctx, c.rdb, h.rel[:])
+			_, _ = h.relScript.do(ctx, c.rdb, h.rel[:h.relLen])
 		}
 	}
 	c.stop()

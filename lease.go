@@ -30,8 +30,13 @@ type holding struct {
 	renew     bool
 	contended bool            // obtained after waiting: its release is likely awaited too
 	parent    context.Context // the ctx Lock was called with: values of the lease context come from it
-	acq       [6]any          // the acquire command line; never changed once sent
-	rel       [8]any          // the release command line; never changed once built
+	acq       [10]any         // the acquire command line; never changed once sent
+	rel       [10]any         // the release command line; never changed once built
+	acqLen    int
+	relLen    int
+	acqScript *script
+	relScript *script
+	join      string // fair: "1" to take a place in line if the lock is busy
 
 	mu       sync.Mutex
 	ttl      time.Duration
@@ -55,13 +60,26 @@ func validity(ttl time.Duration) time.Duration { return ttl - ttl/100 }
 
 // prepare makes the holding an acquire will fill, with the acquire command
 // line built in place (see script.do).
-func (m *Mutex) prepare(ctx context.Context) *holding {
+func (m *Mutex) prepare(ctx context.Context, join bool) *holding {
 	h := &holding{
 		c: m.c, name: m.name, key: m.keys[0], token: m.c.tokens.next(), renew: m.renew, parent: ctx,
 		ttl: m.ttl, holds: 1, idx: -1,
 	}
 	h.first.h = h
-	h.acq = [...]any{"evalsha", &acquireScript.sha, "1", m.keyAny, &h.token, &m.ttlArg}
+	if !m.fair {
+		h.acqScript, h.relScript = acquireScript, releaseScript
+		h.acqLen = copy(h.acq[:], []any{"evalsha", &acquireScript.sha, "1", m.keyAny, &h.token, &m.ttlArg})
+		h.relLen = copy(h.rel[:], []any{"evalsha", &releaseScript.sha, "1", m.keyAny, &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
+		return h
+	}
+	h.join = "0"
+	if join {
+		h.join = "1"
+	}
+	line, waiters := &m.keyArr[1], &m.keyArr[2]
+	h.acqScript, h.relScript = fairAcquireScript, fairReleaseScript
+	h.acqLen = copy(h.acq[:], []any{"evalsha", &fairAcquireScript.sha, "3", m.keyAny, line, waiters, &h.token, &m.ttlArg, &m.c.liveArg, &h.join})
+	h.relLen = copy(h.rel[:], []any{"evalsha", &fairReleaseScript.sha, "3", m.keyAny, line, waiters, &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
 	return h
 }
 
@@ -70,7 +88,6 @@ func (h *holding) activate(fence uint64, sent time.Time) {
 	h.fence = fence
 	h.fenceStr = strconv.FormatUint(fence, 10)
 	h.deadline = sent.Add(validity(h.ttl))
-	h.rel = [...]any{"evalsha", &releaseScript.sha, "1", h.acq[3], &h.token, &h.fenceStr, &h.c.idleArg, h.acq[3]}
 	h.c.dog.add(h, h.nextDue(sent))
 }
 
@@ -349,7 +366,7 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	if st == stateHeld {
 		h.end(stateReleased, context.Canceled)
 	}
-	v, err := h.c.evalArgs(ctx, releaseScript, h.rel[:], h.contended, nil)
+	v, err := h.c.evalArgs(ctx, h.relScript, h.rel[:h.relLen], h.contended, nil)
 	if err != nil {
 		if errors.Is(scriptErr(h.key, err), ErrForeignKey) {
 			return l.finish(nameErr(h.name, fmt.Errorf("%w: %w", ErrLockLost, scriptErr(h.key, err))))
@@ -359,7 +376,7 @@ func (l *Lease) Unlock(ctx context.Context) error {
 		return nameErr(h.name, fmt.Errorf("release: %w", err))
 	}
 	switch v.(int64) {
-	case 1, 2:
+	case 1, 2, 3:
 		h.c.wakeLocal(h)
 		if st == stateLost {
 			return l.finish(nameErr(h.name, cause))

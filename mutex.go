@@ -14,12 +14,13 @@ import (
 type Mutex struct {
 	c      *Client
 	name   string
-	keys   []string  // the lock key, shared by every call (go-redis only reads it)
-	keyArr [1]string // backs keys
+	keys   []string  // the lock key (and, when fair, its line and waiters), shared by every call
+	keyArr [3]string // backs keys
 	keyAny any       // &keyArr[0], for prepared command lines
 	ttl    time.Duration
 	ttlArg string
 	renew  bool
+	fair   bool
 	err    error // invalid name or option, reported by every call
 }
 
@@ -32,9 +33,13 @@ func (c *Client) Mutex(name string, opts ...LockOption) *Mutex {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	m := &Mutex{c: c, name: name, ttl: cfg.ttl, renew: !cfg.noRenew}
+	m := &Mutex{c: c, name: name, ttl: cfg.ttl, renew: !cfg.noRenew, fair: cfg.fair}
 	m.keyArr[0] = c.key(name)
-	m.keys, m.keyAny = m.keyArr[:], &m.keyArr[0]
+	m.keys, m.keyAny = m.keyArr[:1], &m.keyArr[0]
+	if cfg.fair {
+		m.keyArr[1], m.keyArr[2] = m.keyArr[0]+":q", m.keyArr[0]+":w"
+		m.keys = m.keyArr[:]
+	}
 	if cfg.ttl == DefaultTTL {
 		m.ttlArg = c.ttlArg
 	} else {
@@ -58,7 +63,7 @@ func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
 	if l, err, done := m.start(ctx); done {
 		return l, err
 	}
-	h := m.prepare(ctx)
+	h := m.prepare(ctx, false)
 	l, _, _, err := m.attempt(ctx, h, false)
 	if err != nil {
 		m.abandon(ctx, h.token, err)
@@ -82,7 +87,10 @@ func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 	if l, err, done := m.start(ctx); done {
 		return l, err
 	}
-	h := m.prepare(ctx)
+	if m.fair {
+		return m.lockFair(ctx)
+	}
+	h := m.prepare(ctx, false)
 	if !m.c.queued(m.keys[0]) {
 		// Nobody of ours waits for this lock: try it at once.
 		l, _, _, err := m.attempt(ctx, h, false)
@@ -138,7 +146,7 @@ func (m *Mutex) start(ctx context.Context) (l *Lease, err error, done bool) {
 func (m *Mutex) attempt(ctx context.Context, h *holding, waited bool) (*Lease, time.Duration, uint64, error) {
 	sent := time.Now()
 	h.contended = waited
-	v, err := m.c.evalArgs(ctx, acquireScript, h.acq[:], waited, func(v any, err error) {
+	v, err := m.c.evalArgs(ctx, h.acqScript, h.acq[:h.acqLen], waited, func(v any, err error) {
 		// The caller gave up before the reply: if it was a grant (or may
 		// have been), give the lock back rather than leave it to its TTL.
 		if r, ok := v.([]any); err != nil || (ok && len(r) == 2 && r[0] == int64(1)) {
@@ -202,7 +210,11 @@ func (m *Mutex) abandon(ctx context.Context, token string, err error) {
 		defer c.wg.Done()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.ttl, 5*time.Second))
 		defer cancel()
-		if v, err := releaseScript.run(rctx, c.rdb, m.keys, token, "", c.idleArg, m.keys[0]); err == nil && v.(int64) != 0 {
+		rel := releaseScript
+		if m.fair {
+			rel = fairReleaseScript
+		}
+		if v, err := rel.run(rctx, c.rdb, m.keys, token, "", c.idleArg, m.keys[0]); err == nil && v.(int64) != 0 {
 			c.cfg.logger.Debug("dlock: released an acquire whose reply was lost", "lock", m.name)
 		}
 	}()

@@ -53,6 +53,7 @@ type LockOption func(*lockConfig)
 type lockConfig struct {
 	ttl     time.Duration
 	noRenew bool
+	fair    bool
 }
 
 // DefaultTTL is the lease length when TTL is not given.
@@ -69,3 +70,18 @@ func TTL(d time.Duration) LockOption { return func(c *lockConfig) { c.ttl = d } 
 // NoRenew turns the watchdog off: the lease ends TTL after it was obtained
 // unless Extend is called. Default: renewal on, every TTL/3, until Unlock.
 func NoRenew() LockOption { return func(c *lockConfig) { c.noRenew = true } }
+
+// Fair makes Lock strictly first-come, first-served across all clients: a
+// waiter takes a place in a line kept at Redis, and Unlock hands the lock
+// straight to the first live waiter inside the release script, which tells
+// it so (the next holder starts half a round trip after the release, not
+// after a wake-up and a new attempt). A waiter keeps its place alive while
+// it waits; one that died or gave up is skipped within about a second.
+// Default: off (waiters of one Client are served in order; between Clients
+// whoever asks first after a release wins).
+//
+// Fair and default callers of one name stay mutually exclusive, but only
+// Fair callers keep the line: a default Lock or TryLock takes a free lock
+// even when Fair waiters are in line (which only happens while the lock
+// is not handed over, e.g. after a holder crashed).
+func Fair() LockOption { return func(c *lockConfig) { c.fair = true } }

@@ -34,6 +34,10 @@ var (
 	releaseScript = loadScript("release")
 	extendScript  = loadScript("extend")
 	pttlScript    = loadScript("pttl")
+
+	fairAcquireScript = loadScript("fair_acquire")
+	fairReleaseScript = loadScript("fair_release")
+	fairLeaveScript   = loadScript("fair_leave")
 )
 
 // scripter is what running a script needs: a client, a pipeline or a transaction.

@@ -3,6 +3,7 @@ package dlock
 import (
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -21,6 +22,7 @@ type queue struct {
 	released uint64   // the highest fence seen released
 	forced   bool     // releases may have been missed: the head must look
 	local    *holding // the holding of the waiter of ours that got the lock last
+	fair     int      // Fair waiters (they wait in line at Redis, not here)
 }
 
 type waiter struct{ turn chan struct{} }
@@ -36,12 +38,7 @@ func (c *Client) enqueue(key string) (*queue, *waiter) {
 	w := &waiter{turn: make(chan struct{})}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	q := c.queues[key]
-	if q == nil {
-		q = &queue{key: key, notify: make(chan struct{}, 1)}
-		q.ready = c.hub.want(c, key)
-		c.queues[key] = q
-	}
+	q := c.queueFor(key)
 	q.waiters = append(q.waiters, w)
 	if len(q.waiters) == 1 {
 		close(w.turn)
@@ -64,7 +61,25 @@ func (c *Client) dequeue(q *queue, w *waiter) {
 		}
 		break
 	}
-	if len(q.waiters) == 0 {
+	c.dropIfIdle(q)
+}
+
+// queueFor returns key's queue, making it (and subscribing) if needed.
+// Called with c.mu held.
+func (c *Client) queueFor(key string) *queue {
+	q := c.queues[key]
+	if q == nil {
+		q = &queue{key: key, notify: make(chan struct{}, 1)}
+		q.ready = c.hub.want(c, key)
+		c.queues[key] = q
+	}
+	return q
+}
+
+// dropIfIdle forgets q (and unsubscribes) once nobody waits on it. Called
+// with c.mu held.
+func (c *Client) dropIfIdle(q *queue) {
+	if len(q.waiters) == 0 && q.fair == 0 {
 		delete(c.queues, q.key)
 		c.hub.unwant(c, q.key)
 	}
@@ -250,6 +265,10 @@ func (c *Client) receiver(ps *redis.PubSub) {
 		backoff = 10 * time.Millisecond
 		switch m := msg.(type) {
 		case *redis.Message:
+			if strings.HasPrefix(m.Payload, "g ") {
+				c.handedOver(m.Payload)
+				continue
+			}
 			f, err := strconv.ParseUint(m.Payload, 10, 64)
 			c.mu.Lock()
 			if q := c.queues[m.Channel]; q != nil {
@@ -261,6 +280,24 @@ func (c *Client) receiver(ps *redis.PubSub) {
 			c.mu.Unlock()
 		case *redis.Subscription:
 			c.confirm(m.Kind, m.Channel)
+		}
+	}
+}
+
+// handedOver delivers a Fair hand-over ("g FENCE TOKEN") to its waiter.
+func (c *Client) handedOver(payload string) {
+	fs, token, ok := strings.Cut(payload[2:], " ")
+	f, err := strconv.ParseUint(fs, 10, 64)
+	if !ok || err != nil {
+		return
+	}
+	c.mu.Lock()
+	ch := c.grants[token]
+	c.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- f:
+		default:
 		}
 	}
 }

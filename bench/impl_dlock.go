@@ -29,6 +29,14 @@ func init() {
 		},
 		open: func(e *env) (locker, error) { return openDlock(e, dlock.NoRenew()) },
 	})
+	register(&impl{
+		name:  "dlock-fair",
+		order: 12,
+		settings: func(e *env) string {
+			return fmt.Sprintf("as dlock, with dlock.Fair() (a FIFO line at Redis, the release hands the lock to the first live waiter): Client.Mutex(key, dlock.TTL(%v), dlock.Fair())", e.ttl)
+		},
+		open: func(e *env) (locker, error) { return openDlock(e, dlock.Fair()) },
+	})
 }
 
 type dlockLocker struct {

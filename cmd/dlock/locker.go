@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"errors"
 
 	"github.com/redis/go-redis/v9"
 
@@ -32,15 +31,13 @@ func newDlockLocker(rdb redis.UniversalClient) (market.Locker, func() error) {
 // Lock takes name as a dlock Mutex (Fair if fair) and returns the lease's
 // Unlock.
 func (l dlockLocker) Lock(ctx context.Context, name string, fair bool) (func(context.Context) error, error) {
+	var opts []dlock.LockOption
 	if fair {
-		return nil, errNoFair
+		opts = append(opts, dlock.Fair())
 	}
-	lease, err := l.client.Mutex(name).Lock(ctx)
+	lease, err := l.client.Mutex(name, opts...).Lock(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return lease.Unlock, nil
 }
-
-// errNoFair: the fair mode of the lock core (issue 3) is not built yet.
-var errNoFair = errors.New("dlock: Fair() is not available yet")

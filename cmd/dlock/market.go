@@ -177,13 +177,6 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			say("skipping the watch row: miniredis does not abort a WATCH transaction when another client ZREMs from the watched set, so WATCH purchases would double-sell and fail the check (pass --variants to run it anyway)")
 		}
 	}
-	if !f.variantsSet {
-		if cfg.Variants == nil {
-			cfg.Variants = market.Variants()
-		}
-		cfg.Variants = slices.DeleteFunc(cfg.Variants, func(v string) bool { return v == market.VariantDlockFairFine })
-		say("skipping the dlock-fair-fine row: the lock core's Fair() mode is not built yet")
-	}
 	opts.DisableIdentity = true
 	newClient := func(poolSize int) *redis.Client {
 		o := *opts

@@ -1,0 +1,149 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// fairLiveness is how long a Fair waiter's place in line holds without the
+// waiter refreshing it (it refreshes every third of it). A waiter that died
+// or gave up is skipped within this bound, and a lock handed to a waiter that
+// died a moment before lives on for at most about three times it.
+const fairLiveness = time.Second
+
+// lockFair waits in the lock's line at Redis until the holder before it
+// hands the lock over (or the lock is free and nobody alive is ahead).
+func (m *Mutex) lockFair(ctx context.Context) (*Lease, error) {
+	c := m.c
+	h := m.prepare(ctx, true)
+	q, grant := c.joinFair(m.keys[0], h.token)
+	defer c.leaveFair(q, h.token)
+	ready := q.ready // nil once seen closed
+	subscribed := isClosed(ready)
+	if subscribed {
+		ready = nil
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	backoff := time.Millisecond
+	for {
+		sent := time.Now()
+		l, left, _, err := m.attempt(ctx, h, true)
+		if l != nil {
+			return l, nil
+		}
+		if err != nil {
+			if ctx.Err() != nil || permanent(err) {
+				return nil, m.giveUp(ctx, h, err)
+			}
+			left = backoff
+			backoff = min(2*backoff, 500*time.Millisecond)
+		} else {
+			backoff = time.Millisecond
+		}
+		// Keep the place alive; look again when the holder's lease runs out.
+		wait := min(left, fairLiveness/3)
+		if !subscribed {
+			// A hand-over published before the subscription was live would be
+			// missed: once it is, look again at once.
+			wait = min(wait, time.Second)
+		}
+		timer.Reset(max(wait, time.Millisecond))
+		for waiting := true; waiting; {
+			select {
+			case f := <-grant:
+				// Handed over: the lock is ours. Its expiry was set at the
+				// hand-over, after our last refresh was sent, to at least
+				// min(TTL, 1s); renew at once to the full TTL.
+				return m.granted(ctx, h, f, sent)
+			case <-ready:
+				subscribed, ready, waiting = true, nil, false
+			case <-q.notify: // a release by a default-mode holder
+				waiting = false
+			case <-timer.C:
+				waiting = false
+			case <-ctx.Done():
+				return nil, m.giveUp(ctx, h, ctx.Err())
+			case <-c.bg.Done():
+				return nil, m.giveUp(ctx, h, ErrClosed)
+			}
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// granted activates a holding handed over to us with fence f. The lock's
+// expiry at Redis is at least min(TTL, fairLiveness) after sent (see
+// fair_release.lua); the watchdog renews it to the full TTL straight away,
+// and without the watchdog we extend once here.
+func (m *Mutex) granted(ctx context.Context, h *holding, f uint64, sent time.Time) (*Lease, error) {
+	ttl := h.ttl
+	h.ttl = min(ttl, fairLiveness)
+	h.activate(f, sent)
+	h.mu.Lock()
+	h.ttl = ttl
+	h.mu.Unlock()
+	if h.renew {
+		h.c.dog.reschedule(h, time.Now())
+		return &h.first, nil
+	}
+	if ttl > fairLiveness {
+		if err := h.first.Extend(ctx, ttl); err != nil {
+			return nil, err
+		}
+	}
+	return &h.first, nil
+}
+
+// giveUp leaves the line; if the lock was handed to us meanwhile, it is
+// passed on to the next waiter at once.
+func (m *Mutex) giveUp(ctx context.Context, h *holding, cause error) error {
+	c := m.c
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.ttl, 5*time.Second))
+	defer cancel()
+	v, err := fairLeaveScript.run(lctx, c.rdb, m.keys, h.token)
+	if r, ok := v.([]any); err == nil && ok && len(r) == 2 && r[0] == int64(1) {
+		f, _ := r[1].(int64)
+		h.activate(uint64(f), time.Now())
+		_ = h.first.Unlock(lctx)
+	}
+	if errors.Is(cause, ErrClosed) {
+		return nameErr(m.name, ErrClosed)
+	}
+	return m.fail(ctx, cause)
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// joinFair registers a Fair waiter: its token gets the hand-over message,
+// and the lock's wake-up channel is subscribed while it waits.
+func (c *Client) joinFair(key, token string) (*queue, chan uint64) {
+	ch := make(chan uint64, 1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	q := c.queueFor(key)
+	q.fair++
+	c.grants[token] = ch
+	return q, ch
+}
+
+func (c *Client) leaveFair(q *queue, token string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.grants, token)
+	q.fair--
+	c.dropIfIdle(q)
+}

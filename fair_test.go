@@ -1,0 +1,217 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+)
+
+func TestFairBasics(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	m := c.Mutex("fair", dlock.Fair())
+	l, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock on a held fair lock: %v", err)
+	}
+	if n := rdb.LLen(ctx, "dlock:{fair}:q").Val(); n != 0 {
+		t.Fatalf("TryLock took a place in line (%d)", n)
+	}
+	got := make(chan *dlock.Lease)
+	go func() {
+		l2, err := c.Mutex("fair", dlock.Fair()).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l2
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for rdb.LLen(ctx, "dlock:{fair}:q").Val() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("waiter never took a place in line")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2 := <-got
+	if l2 == nil {
+		t.FailNow()
+	}
+	if l2.Fence() <= l.Fence() {
+		t.Fatalf("fence %d after %d", l2.Fence(), l.Fence())
+	}
+	// The hand-over left the line empty and the lease renewed to its TTL.
+	if n := rdb.Exists(ctx, "dlock:{fair}:q", "dlock:{fair}:w").Val(); n != 0 {
+		t.Fatalf("line keys left behind: %d", n)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if ttl, err := l2.TTL(ctx); err != nil || ttl < 5*time.Second {
+		t.Fatalf("handed-over lease TTL %v, %v: not renewed to the full TTL", ttl, err)
+	}
+	if err := l2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Unlock of a handed-over holding retried: still fine.
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("second Unlock: %v", err)
+	}
+}
+
+// TestFairOrderAcrossClients: waiters on several Clients (as in several
+// processes) get the lock in the order they arrived, and fences follow it.
+func TestFairOrderAcrossClients(t *testing.T) {
+	s := redistest.Start(t)
+	ctx := ctxT(t, 60*time.Second)
+	var clients []*dlock.Client
+	for i := 0; i < 4; i++ {
+		c, _ := newClient(t, s)
+		clients = append(clients, c)
+	}
+	holder, err := clients[0].Mutex("line", dlock.Fair()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 32
+	type grant struct {
+		idx   int
+		fence uint64
+	}
+	grants := make(chan grant, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			l, err := clients[i%4].Mutex("line", dlock.Fair()).Lock(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			grants <- grant{i, l.Fence()}
+			time.Sleep(2 * time.Millisecond)
+			_ = l.Unlock(ctx)
+		}(i)
+		time.Sleep(15 * time.Millisecond) // arrive in order, alternating Clients
+	}
+	_ = holder.Unlock(ctx)
+	wg.Wait()
+	close(grants)
+	var order []grant
+	for g := range grants {
+		order = append(order, g)
+	}
+	for i := range order {
+		if order[i].idx != i {
+			t.Fatalf("grant order %v, want arrival order", order)
+		}
+		if i > 0 && order[i].fence <= order[i-1].fence {
+			t.Fatalf("fences not increasing: %v", order)
+		}
+	}
+}
+
+// TestFairDeadWaiterSkipped: a waiter that stops keeping its place (killed,
+// or gave up) is skipped within its liveness bound.
+func TestFairDeadWaiterSkipped(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 30*time.Second)
+	holder, err := c.Mutex("dead", dlock.Fair()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A waiter that gives up leaves the line at once.
+	gctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	if _, err := c.Mutex("dead", dlock.Fair()).Lock(gctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock with a 200ms ctx: %v", err)
+	}
+	cancel()
+	if n := rdb.Exists(ctx, "dlock:{dead}:q", "dlock:{dead}:w").Val(); n != 0 {
+		t.Fatalf("a waiter that gave up is still in line")
+	}
+	// A ghost: a place in line that nobody refreshes any more, as a killed
+	// process leaves it, still valid for 300ms.
+	now := rdb.Time(ctx).Val()
+	rdb.RPush(ctx, "dlock:{dead}:q", "ghost")
+	rdb.HSet(ctx, "dlock:{dead}:w", "ghost", fmt.Sprintf("%d,10000", now.UnixMilli()+300))
+	got := make(chan time.Time, 1)
+	go func() {
+		l, err := c.Mutex("dead", dlock.Fair()).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+			close(got)
+			return
+		}
+		got <- time.Now()
+		_ = l.Unlock(ctx)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	released := time.Now()
+	_ = holder.Unlock(ctx)
+	at, ok := <-got
+	if !ok {
+		t.FailNow()
+	}
+	// The ghost was handed the lock (its place was still valid) with an
+	// expiry of at most 2 × its remaining liveness + 1s; then the live waiter.
+	if d := at.Sub(released); d > 4*time.Second {
+		t.Fatalf("live waiter got the lock %v after release behind a dead one", d)
+	}
+	t.Logf("live waiter got the lock %v after the release, behind a dead waiter", at.Sub(released))
+}
+
+// TestFairAndDefaultExclusive: Fair and default callers of one name never
+// hold it together.
+func TestFairAndDefaultExclusive(t *testing.T) {
+	s := redistest.Start(t)
+	c1, rdb := newClient(t, s)
+	c2, _ := newClient(t, s)
+	ctx := ctxT(t, 60*time.Second)
+	var inside atomic.Int32
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			c := c1
+			if g%2 == 1 {
+				c = c2
+			}
+			var opts []dlock.LockOption
+			if g%4 < 2 {
+				opts = append(opts, dlock.Fair())
+			}
+			for i := 0; i < 15; i++ {
+				err := c.Mutex("mixed", opts...).Do(ctx, func(ctx context.Context) error {
+					if inside.Add(1) != 1 {
+						t.Error("two holders at once")
+					}
+					defer inside.Add(-1)
+					v, _ := rdb.Get(ctx, "mixed-counter").Int()
+					return rdb.Set(ctx, "mixed-counter", v+1, 0).Err()
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	if v, _ := rdb.Get(ctx, "mixed-counter").Int(); v != 16*15 {
+		t.Fatalf("counter %d, want %d", v, 16*15)
+	}
+}
