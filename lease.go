@@ -127,20 +127,6 @@ func (h *holding) lose(why string) {
 	h.end(stateLost, fmt.Errorf("%w: %s", ErrLockLost, why))
 }
 
-// live reports whether h is still held (as far as this process knows).
-func (h *holding) live() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.state == stateHeld
-}
-
-// deadlineNow returns the current lease deadline.
-func (h *holding) deadlineNow() time.Time {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.deadline
-}
-
 // checkDeadline ends the holding if its deadline passed, so that a holder
 // resuming from a pause sees its lease ended before any timer has fired.
 func (h *holding) checkDeadline() {

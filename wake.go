@@ -19,10 +19,9 @@ type queue struct {
 	ready   chan struct{} // closed once the wake-up subscription is confirmed
 
 	// Guarded by Client.mu.
-	released uint64   // the highest fence seen released
-	forced   bool     // releases may have been missed: the head must look
-	local    *holding // the holding of the waiter of ours that got the lock last
-	fair     int      // Fair waiters (they wait in line at Redis, not here)
+	released uint64 // the highest fence seen released
+	forced   bool   // releases may have been missed: the head must look
+	fair     int    // Fair waiters (they wait in line at Redis, not here)
 }
 
 type waiter struct{ turn chan struct{} }
@@ -90,9 +89,6 @@ func (c *Client) dropIfIdle(q *queue) {
 func (c *Client) wakeLocal(h *holding) {
 	c.mu.Lock()
 	if q := c.queues[h.key]; q != nil {
-		if q.local == h {
-			q.local = nil
-		}
 		q.wake(h.fence)
 	}
 	c.mu.Unlock()
