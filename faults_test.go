@@ -88,14 +88,7 @@ func TestFault7RestartWithoutPersistence(t *testing.T) {
 	if !errors.Is(context.Cause(l.Context()), dlock.ErrLockLost) {
 		t.Fatalf("cause %v", context.Cause(l.Context()))
 	}
-	l2, err := c.Mutex("volatile").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l2.Fence() <= l.Fence() {
-		t.Fatalf("fence went back after a restart that lost the counter: %d then %d", l.Fence(), l2.Fence())
-	}
-	_ = l2.Unlock(ctx)
+	lockAbove(t, ctx, c.Mutex("volatile"), l.Fence(), "after a restart that lost the counter")
 }
 
 // Fault 8: the un-fsynced AOF tail is lost (power loss, imitated by
@@ -130,14 +123,7 @@ func TestFault8AOFTailLost(t *testing.T) {
 	if f, _ := rdb.HGet(ctx, "dlock:{aof}", "f").Uint64(); f >= last {
 		t.Fatalf("the lost tail was not lost (counter %d, last fence %d): the test does not reproduce the fault", f, last)
 	}
-	l, err = m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l.Fence() <= last {
-		t.Fatalf("fence went back after losing the AOF tail: %d then %d", last, l.Fence())
-	}
-	_ = l.Unlock(ctx)
+	lockAbove(t, ctx, m, last, "after losing the AOF tail")
 
 	// appendfsync always: a kill loses nothing acknowledged.
 	s2 := redistest.Start(t, redistest.Options{AOF: true, AppendFsync: "always"})

@@ -118,23 +118,8 @@ func TestFenceIncreasesAcrossReclaim(t *testing.T) {
 	m := c.Mutex("reclaimed")
 	var last uint64
 	for i := 0; i < 50; i++ { // many grants in quick succession
-		l, err := m.Lock(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.Fence() <= last {
-			t.Fatalf("fence %d after %d", l.Fence(), last)
-		}
-		last = l.Fence()
-		_ = l.Unlock(ctx)
+		last = lockAbove(t, ctx, m, last, "between grants")
 	}
 	rdb.Del(ctx, "dlock:{reclaimed}") // as if the idle period had passed
-	l, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l.Fence() <= last {
-		t.Fatalf("fence after reclaim %d, not above %d", l.Fence(), last)
-	}
-	_ = l.Unlock(ctx)
+	lockAbove(t, ctx, m, last, "after the key was reclaimed")
 }

@@ -22,6 +22,23 @@ func newClient(t testing.TB, s *redistest.Server, opts ...dlock.Option) (*dlock.
 	return c, rdb
 }
 
+// lockAbove locks m, checks that its fence is above prev (what names the
+// event in between), unlocks, and returns the fence.
+func lockAbove(t *testing.T, ctx context.Context, m *dlock.Mutex, prev uint64, what string) uint64 {
+	t.Helper()
+	l, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Fence() <= prev {
+		t.Fatalf("fence went back %s: %d then %d", what, prev, l.Fence())
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return l.Fence()
+}
+
 func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -512,14 +529,7 @@ func TestScriptFlushAndRestart(t *testing.T) {
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatalf("Unlock after restart: %v", err)
 	}
-	l2, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l2.Fence() <= l.Fence() {
-		t.Fatalf("fence went backwards across restart: %d then %d", l.Fence(), l2.Fence())
-	}
-	_ = l2.Unlock(ctx)
+	lockAbove(t, ctx, m, l.Fence(), "across a restart")
 }
 
 func TestLocalQueueFIFO(t *testing.T) {
