@@ -1,0 +1,324 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func init() {
+	register(command{
+		name:    "status",
+		summary: "show a lock's holder, fence, remaining TTL and waiting clients",
+		run:     runStatus,
+	})
+}
+
+// inspectTimeout bounds the Redis round trips of status, list (per batch)
+// and unlock.
+const inspectTimeout = 10 * time.Second
+
+const statusUsage = `Usage: dlock status NAME [flags]
+
+Shows what Redis holds for the lock NAME: its type, whether it is held, the
+holder's owner token, the fence (the last one granted: the holder's while
+held), the remaining TTL and who waits for it. It only reads.
+
+Types: mutex; the name of another dlock primitive (its details are not
+shown by this version); foreign (the key holds something dlock did not
+write); none (no key: the lock is free and its fence counter was reclaimed
+after the idle period, or it was never taken).
+
+States: held; free (released: the key is kept for the idle period so that
+fences keep increasing); unknown (not a mutex).
+
+TTL is the key's PTTL: while held, the lease left; when free, the time until
+the key and its counter are reclaimed. In --json, ttl_ms is -1 for a key
+without expiry and -2 for no key. waiting_clients counts the dlock clients
+(processes, usually) subscribed to the lock's wake-up channel: each has one
+or more callers waiting. fair_waiters is the length of the line that
+waiters using Fair (dlock run --fair) keep at Redis.
+
+Examples:
+
+  dlock status nightly-backup
+  dlock status --json deploy-web | jq -r .token
+  dlock status --redis redis://redis.internal:6379/2 --prefix jobs: report
+
+Exit codes: 0 ok (whatever the state), 64 usage error, 69 Redis unavailable,
+1 any other error.
+
+Flags:
+`
+
+// lockInfo is what status and list report about one lock key.
+type lockInfo struct {
+	Name string `json:"name"`
+	Key  string `json:"key"`
+	// Type is "mutex", the kind of another dlock primitive (its hash's k
+	// field), "foreign" or "none".
+	Type string `json:"type"`
+	// RedisType is the key's Redis type when Type is "foreign".
+	RedisType string `json:"redis_type,omitempty"`
+	// State is "held", "free" or "unknown".
+	State string `json:"state"`
+	Token string `json:"token,omitempty"`
+	Fence uint64 `json:"fence,omitempty"`
+	// TTLMillis is the key's PTTL: -1 no expiry, -2 no key.
+	TTLMillis      int64 `json:"ttl_ms"`
+	WaitingClients int64 `json:"waiting_clients"`
+	// FairWaiters is the length of the Fair() line at Redis (key
+	// PREFIX{NAME}:q), which may still count a waiter that died until it is
+	// skipped.
+	FairWaiters int64 `json:"fair_waiters"`
+}
+
+// inspectFlags are the flags status and list share.
+type inspectFlags struct {
+	redisURL *string
+	prefix   *string
+	json     *bool
+}
+
+func addInspectFlags(fs *flag.FlagSet) inspectFlags {
+	return inspectFlags{
+		redisURL: fs.String("redis", "", redisURLHelp),
+		prefix:   fs.String("prefix", "dlock:", "key `prefix` of the locks (the library's WithPrefix)"),
+		json:     fs.Bool("json", false, "print JSON instead of text"),
+	}
+}
+
+// lockKey is the library's key for a lock name (see docs/PROTOCOL.md).
+func lockKey(prefix, name string) string { return prefix + "{" + name + "}" }
+
+// runStatus is "dlock status".
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	usageErr := func(err error) int {
+		fmt.Fprintf(stderr, "dlock status: %v (see dlock status -h)\n", err)
+		return exitUsage
+	}
+	fs := flag.NewFlagSet("dlock status", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fl := addInspectFlags(fs)
+	pos, err := parseInterleaved(fs, args)
+	if help, err := usageOrHelp(err, fs, statusUsage, stdout); help {
+		return exitOK
+	} else if err != nil {
+		return usageErr(err)
+	}
+	switch {
+	case len(pos) == 0:
+		return usageErr(errors.New("missing the lock NAME"))
+	case len(pos) > 1:
+		return usageErr(fmt.Errorf("unexpected argument %q (one lock NAME; dlock list shows many)", pos[1]))
+	}
+	name := pos[0]
+	if err := checkName(name); err != nil {
+		return usageErr(err)
+	}
+	target, err := parseRedisTarget(resolveRedisURL(*fl.redisURL))
+	if err != nil {
+		return usageErr(err)
+	}
+	rdb, err := target.connect(ctx)
+	if err != nil {
+		return reportRedisErr(ctx, stderr, "dlock status", err)
+	}
+	defer rdb.Close()
+
+	key := lockKey(*fl.prefix, name)
+	ictx, cancel := context.WithTimeout(ctx, inspectTimeout)
+	defer cancel()
+	node, err := nodeFor(ictx, rdb, key)
+	if err != nil {
+		return reportRedisErr(ctx, stderr, "dlock status", err)
+	}
+	infos, err := inspect(ictx, node, *fl.prefix, []string{key})
+	if err != nil {
+		return reportRedisErr(ctx, stderr, "dlock status", err)
+	}
+	info := infos[0]
+	if *fl.json {
+		return writeJSON(stdout, stderr, "dlock status", info)
+	}
+	writeStatus(stdout, info)
+	return exitOK
+}
+
+// nodeFor returns the client that serves key: rdb itself, or on a Cluster
+// the master of key's slot (pub/sub counts are per shard).
+func nodeFor(ctx context.Context, rdb redis.UniversalClient, key string) (redis.Cmdable, error) {
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		return c.MasterForKey(ctx, key)
+	}
+	return rdb, nil
+}
+
+// inspect reads keys (all served by node) in one pipelined round trip: TYPE,
+// HMGET o f k, PTTL and the wake-up channel's subscriber count of each.
+func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []string) ([]lockInfo, error) {
+	type cmds struct {
+		typ  *redis.StatusCmd
+		hash *redis.SliceCmd
+		pttl *redis.IntCmd
+		subs *redis.MapStringIntCmd
+		line *redis.IntCmd
+	}
+	cs := make([]cmds, len(keys))
+	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cs[i] = cmds{
+				typ:  p.Type(ctx, k),
+				hash: p.HMGet(ctx, k, "o", "f", "k"),
+				pttl: redis.NewIntCmd(ctx, "pttl", k),
+				subs: p.PubSubShardNumSub(ctx, k),
+				line: p.LLen(ctx, k+":q"),
+			}
+			_ = p.Process(ctx, cs[i].pttl)
+		}
+		return nil
+	})
+	// HMGET (and LLEN) fail with WRONGTYPE on a foreign key; only the other
+	// commands' errors matter.
+	if err != nil && !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		return nil, err
+	}
+	infos := make([]lockInfo, len(keys))
+	for i, k := range keys {
+		c := cs[i]
+		for _, cmd := range []redis.Cmder{c.typ, c.pttl, c.subs} {
+			if err := cmd.Err(); err != nil {
+				return nil, err
+			}
+		}
+		info := lockInfo{Name: nameOfKey(prefix, k), Key: k, TTLMillis: c.pttl.Val(), WaitingClients: c.subs.Val()[k], FairWaiters: c.line.Val()}
+		typ := c.typ.Val()
+		var o, f, kind string
+		var hasO, hasF, hasK bool
+		if typ == "hash" && c.hash.Err() == nil {
+			v := c.hash.Val()
+			o, hasO = v[0].(string)
+			f, hasF = v[1].(string)
+			kind, hasK = v[2].(string)
+		}
+		switch {
+		case typ == "none" || (typ == "hash" && !hasO && !hasF && !hasK && info.TTLMillis == -2):
+			// No key (or it expired between the commands).
+			info.Type, info.State, info.TTLMillis = "none", "free", -2
+		case typ != "hash":
+			info.Type, info.RedisType, info.State = "foreign", typ, "unknown"
+		case hasK:
+			info.Type, info.State = kind, "unknown"
+			info.Fence, _ = strconv.ParseUint(f, 10, 64)
+		case !hasF:
+			info.Type, info.RedisType, info.State = "foreign", typ, "unknown"
+		default:
+			info.Type, info.State = "mutex", "free"
+			info.Fence, _ = strconv.ParseUint(f, 10, 64)
+			if hasO {
+				info.State, info.Token = "held", o
+			}
+		}
+		infos[i] = info
+	}
+	return infos, nil
+}
+
+// nameOfKey is the lock name of a key prefix{name}.
+func nameOfKey(prefix, key string) string {
+	s := strings.TrimPrefix(key, prefix)
+	if strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}") {
+		return s[1 : len(s)-1]
+	}
+	return s
+}
+
+// writeStatus prints one lock as aligned "field value" lines.
+func writeStatus(w io.Writer, i lockInfo) {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintf(tw, "lock\t%s\n", i.Name)
+	fmt.Fprintf(tw, "key\t%s\n", i.Key)
+	typ := i.Type
+	switch i.Type {
+	case "foreign":
+		typ = fmt.Sprintf("foreign (a Redis %s that is not a dlock lock)", i.RedisType)
+	case "none":
+		typ = "none (no key: the lock is free)"
+	}
+	fmt.Fprintf(tw, "type\t%s\n", typ)
+	fmt.Fprintf(tw, "state\t%s\n", i.State)
+	if i.Token != "" {
+		fmt.Fprintf(tw, "token\t%s\n", i.Token)
+	}
+	if i.Fence != 0 {
+		fmt.Fprintf(tw, "fence\t%d\n", i.Fence)
+	}
+	if i.Type != "none" {
+		ttl := formatTTL(i.TTLMillis)
+		switch i.State {
+		case "held":
+			ttl += " (lease left)"
+		case "free":
+			ttl += " (until the idle key and its fence counter are reclaimed)"
+		}
+		fmt.Fprintf(tw, "ttl\t%s\n", ttl)
+	}
+	fmt.Fprintf(tw, "waiting\t%s\n", waitingText(i))
+	_ = tw.Flush()
+}
+
+// waitingText says who waits: clients subscribed, and the Fair line.
+func waitingText(i lockInfo) string {
+	s := fmt.Sprintf("%d client(s)", i.WaitingClients)
+	if i.FairWaiters > 0 {
+		s += fmt.Sprintf(", %d in the fair line", i.FairWaiters)
+	}
+	return s
+}
+
+// formatTTL renders a PTTL reply.
+func formatTTL(ms int64) string {
+	switch {
+	case ms == -1:
+		return "no expiry"
+	case ms < 0:
+		return "-"
+	}
+	return (time.Duration(ms) * time.Millisecond).String()
+}
+
+// writeJSON prints v as indented JSON.
+func writeJSON(stdout, stderr io.Writer, cmd string, v any) int {
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		fmt.Fprintf(stderr, "%s: writing JSON: %v\n", cmd, err)
+		return exitFailed
+	}
+	return exitOK
+}
+
+// reportRedisErr prints one line for an error talking to Redis and returns
+// the exit code: 130 if interrupted, 69 if Redis is unreachable, else 1.
+func reportRedisErr(ctx context.Context, stderr io.Writer, cmd string, err error) int {
+	switch {
+	case ctx.Err() != nil:
+		fmt.Fprintf(stderr, "%s: interrupted\n", cmd)
+		return exitInterrupted
+	case redisDown(err):
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+		return exitUnavailable
+	default:
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+		return exitFailed
+	}
+}

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	_ "embed" // unlock.lua
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func init() {
+	register(command{
+		name:    "unlock",
+		summary: "remove a lock's holder (--force; for operators)",
+		run:     runUnlock,
+	})
+}
+
+//go:embed unlock.lua
+var unlockLua string
+
+// unlockScript runs with EVALSHA, sending the source only on NOSCRIPT.
+var unlockScript = redis.NewScript(unlockLua)
+
+// defaultIdle is the library's default WithIdleExpiry.
+const defaultIdle = 10 * time.Minute
+
+const unlockUsage = `Usage: dlock unlock --force NAME [flags]
+
+Removes the holder of the mutex NAME, for operators: the lock becomes free at
+once and waiting clients are woken, exactly as if the holder had released
+it. Prints the token and fence it removed.
+
+This is dangerous, hence --force: the holder may still be running. It finds
+out at its next renewal (within a third of its TTL; dlock run then stops
+its COMMAND and exits 76), but until then two holders may act at once.
+Storage that checks fences rejects the old holder's writes: the next holder
+gets a larger fence, since the fence counter is kept (and moved on by one,
+so that the removed holder's own Unlock reports the loss).
+
+Use --token with the token dlock status shows, so that a holder that took
+the lock after you looked is left alone.
+
+Examples:
+
+  dlock status stuck-job                       # note the token
+  dlock unlock --force --token TOKEN stuck-job
+  dlock unlock --force --json stuck-job
+
+Exit codes: 0 removed, 1 nothing removed (not held, or held by another
+token than --token) or any other error, 64 usage error (also without
+--force), 69 Redis unavailable.
+
+Flags:
+`
+
+// unlockResult is the --json output.
+type unlockResult struct {
+	Name    string `json:"name"`
+	Key     string `json:"key"`
+	Removed bool   `json:"removed"`
+	// Token and Fence are the holder's: the one removed, or the one left in
+	// place when --token did not match.
+	Token string `json:"token,omitempty"`
+	Fence uint64 `json:"fence,omitempty"`
+}
+
+// runUnlock is "dlock unlock".
+func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	usageErr := func(err error) int {
+		fmt.Fprintf(stderr, "dlock unlock: %v (see dlock unlock -h)\n", err)
+		return exitUsage
+	}
+	fs := flag.NewFlagSet("dlock unlock", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fl := addInspectFlags(fs)
+	force := fs.Bool("force", false, "required: remove the holder even though it may still be running")
+	token := fs.String("token", "", "remove the holder only if it is this `TOKEN` (from dlock status)")
+	idle := fs.Duration("idle", defaultIdle, "how long the released key keeps the fence counter (the holders' WithIdleExpiry)")
+	pos, err := parseInterleaved(fs, args)
+	if help, err := usageOrHelp(err, fs, unlockUsage, stdout); help {
+		return exitOK
+	} else if err != nil {
+		return usageErr(err)
+	}
+	switch {
+	case len(pos) == 0:
+		return usageErr(errors.New("missing the lock NAME"))
+	case len(pos) > 1:
+		return usageErr(fmt.Errorf("unexpected argument %q (one lock NAME)", pos[1]))
+	case !*force:
+		return usageErr(errors.New("refusing without --force: the holder may still be running, and removing it lets another take the lock at once"))
+	case *idle < time.Second:
+		return usageErr(fmt.Errorf("--idle %v is below 1s", *idle))
+	}
+	name := pos[0]
+	if err := checkName(name); err != nil {
+		return usageErr(err)
+	}
+	target, err := parseRedisTarget(resolveRedisURL(*fl.redisURL))
+	if err != nil {
+		return usageErr(err)
+	}
+	rdb, err := target.connect(ctx)
+	if err != nil {
+		return reportRedisErr(ctx, stderr, "dlock unlock", err)
+	}
+	defer rdb.Close()
+
+	key := lockKey(*fl.prefix, name)
+	uctx, cancel := context.WithTimeout(ctx, inspectTimeout)
+	defer cancel()
+	reply, err := unlockScript.Run(uctx, rdb, []string{key},
+		strconv.FormatInt(idle.Milliseconds(), 10), key, *token).Slice()
+	if err != nil {
+		if msg := err.Error(); strings.HasPrefix(msg, "DLOCK_FOREIGN") || strings.HasPrefix(msg, "WRONGTYPE") {
+			fmt.Fprintf(stderr, "dlock unlock: Redis key %q is not a dlock mutex; nothing removed (see dlock status %s)\n", key, name)
+			return exitFailed
+		}
+		return reportRedisErr(ctx, stderr, "dlock unlock", err)
+	}
+	res := unlockResult{Name: name, Key: key}
+	status, _ := reply[0].(int64)
+	if len(reply) == 3 {
+		res.Token, _ = reply[1].(string)
+		f, _ := reply[2].(string)
+		res.Fence, _ = strconv.ParseUint(f, 10, 64)
+	}
+	code := exitOK
+	switch status {
+	case 1:
+		res.Removed = true
+		if !*fl.json {
+			fmt.Fprintf(stdout, "removed the holder of lock %q: token %s, fence %d; waiters notified\n", name, res.Token, res.Fence)
+		}
+	case 2:
+		code = exitFailed
+		fmt.Fprintf(stderr, "dlock unlock: lock %q is held by token %s (fence %d), not by --token %s; nothing removed\n", name, res.Token, res.Fence, *token)
+	default:
+		code = exitFailed
+		fmt.Fprintf(stderr, "dlock unlock: lock %q is not held; nothing removed\n", name)
+	}
+	if *fl.json {
+		if c := writeJSON(stdout, stderr, "dlock unlock", res); c != exitOK {
+			return c
+		}
+	}
+	return code
+}

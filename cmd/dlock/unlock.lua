@@ -1,0 +1,28 @@
+-- unlock.lua: "dlock unlock --force": remove a mutex's holder, as a release
+-- by that holder would, for operators.
+-- KEYS[1]  the lock hash: o = owner token, f = last fence (docs/PROTOCOL.md)
+-- ARGV[1]  idle period in milliseconds: how long the fence counter outlives
+--          the holder (as in release.lua)
+-- ARGV[2]  wake-up channel (the key's name); the message is the fence
+-- ARGV[3]  the token that must be the holder, or "" for whoever holds it
+-- Returns  {1, token, fence}  removed that holder
+--          {0, fence}         not held ("" when there is no key)
+--          {2, token, fence}  held by another token than ARGV[3]; unchanged
+-- Errors   DLOCK_FOREIGN <what>  the key is not a dlock mutex
+-- The fence counter is kept and moved on by one, so fences keep increasing
+-- and the removed holder's own Unlock reports the loss (release.lua takes
+-- "no owner, fence unchanged" for its own earlier release).
+local key = KEYS[1]
+local h = redis.call('HMGET', key, 'o', 'f', 'k')
+if h[3] then return redis.error_reply('DLOCK_FOREIGN dlock ' .. h[3]) end
+if not h[2] then
+  if redis.call('EXISTS', key) == 1 then return redis.error_reply('DLOCK_FOREIGN hash') end
+  return {0, ''}
+end
+if not h[1] then return {0, h[2]} end
+if ARGV[3] ~= '' and h[1] ~= ARGV[3] then return {2, h[1], h[2]} end
+redis.call('HDEL', key, 'o')
+redis.call('HSET', key, 'f', string.format('%.0f', tonumber(h[2]) + 1))
+redis.call('PEXPIRE', key, ARGV[1])
+redis.call('SPUBLISH', ARGV[2], h[2])
+return {1, h[1], h[2]}
