@@ -55,7 +55,7 @@ func (m *Mutex) lockFair(ctx context.Context) (*Lease, error) {
 			case f := <-grant:
 				// Handed over: the lock is ours. Its expiry was set at the
 				// hand-over, after our last refresh was sent, to at least
-				// min(TTL, 1s); renew at once to the full TTL.
+				// min(TTL, 1s); the watchdog renews it to the full TTL soon.
 				return m.granted(ctx, h, f, sent)
 			case <-ready:
 				subscribed, ready, waiting = true, nil, false
@@ -80,8 +80,9 @@ func (m *Mutex) lockFair(ctx context.Context) (*Lease, error) {
 
 // granted activates a holding handed over to us with fence f. The lock's
 // expiry at Redis is at least min(TTL, fairLiveness) after sent (see
-// fair_release.lua); the watchdog renews it to the full TTL straight away,
-// and without the watchdog we extend once here.
+// fair_release.lua); the watchdog renews it to the full TTL a third of that
+// later (not at once: the new holder's work should not share the CPU with a
+// renewal the moment it starts), and without the watchdog we extend once here.
 func (m *Mutex) granted(ctx context.Context, h *holding, f uint64, sent time.Time) (*Lease, error) {
 	ttl := h.ttl
 	h.ttl = min(ttl, fairLiveness)
@@ -90,8 +91,7 @@ func (m *Mutex) granted(ctx context.Context, h *holding, f uint64, sent time.Tim
 	h.ttl = ttl
 	h.mu.Unlock()
 	if h.renew {
-		h.c.dog.reschedule(h, time.Now())
-		return &h.first, nil
+		return &h.first, nil // activate scheduled the renewal at sent + min(TTL, fairLiveness)/3
 	}
 	if ttl > fairLiveness {
 		if err := h.first.Extend(ctx, ttl); err != nil {

@@ -57,7 +57,7 @@ func TestFairBasics(t *testing.T) {
 	if n := rdb.Exists(ctx, "dlock:{fair}:q", "dlock:{fair}:w").Val(); n != 0 {
 		t.Fatalf("line keys left behind: %d", n)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond) // the first renewal is due a third of a second after the hand-over
 	if ttl, err := l2.TTL(ctx); err != nil || ttl < 5*time.Second {
 		t.Fatalf("handed-over lease TTL %v, %v: not renewed to the full TTL", ttl, err)
 	}
