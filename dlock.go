@@ -73,7 +73,7 @@ type Client struct {
 	closed atomic.Bool
 	bg     context.Context // ends at Close
 	stop   context.CancelFunc
-	wg     sync.WaitGroup
+	gs     goroutines
 
 	tokens tokenSource
 	dog    watchdog
@@ -140,8 +140,58 @@ func (c *Client) Close() error {
 	}
 	c.stop()
 	c.closeHub()
-	c.wg.Wait()
+	c.gs.wait()
 	return nil
+}
+
+// goroutines tracks a Client's background goroutines so that Close can wait
+// for them; once Close waits, no new one starts (a sync.WaitGroup may not
+// be added to while it is waited on).
+type goroutines struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	idle   chan struct{}
+}
+
+// goBg runs f on a tracked goroutine and reports whether it started.
+func (c *Client) goBg(f func()) bool {
+	g := &c.gs
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return false
+	}
+	g.n++
+	g.mu.Unlock()
+	go func() {
+		defer g.done()
+		f()
+	}()
+	return true
+}
+
+func (g *goroutines) done() {
+	g.mu.Lock()
+	g.n--
+	if g.n == 0 && g.idle != nil {
+		close(g.idle)
+		g.idle = nil
+	}
+	g.mu.Unlock()
+}
+
+func (g *goroutines) wait() {
+	g.mu.Lock()
+	g.closed = true
+	if g.n == 0 {
+		g.mu.Unlock()
+		return
+	}
+	idle := make(chan struct{})
+	g.idle = idle
+	g.mu.Unlock()
+	<-idle
 }
 
 // key maps a lock name to its Redis key. The braces make the name the hash

@@ -48,12 +48,15 @@ func TestMemoryPerLock(t *testing.T) {
 	c, rdb := newClient(t, s, dlock.WithIdleExpiry(time.Hour))
 	ctx := ctxT(t, 60*time.Second)
 	const n = 10000
-	// Warm up first: scripts loaded, connections open, so the baseline
-	// holds everything but the locks themselves.
-	if l, err := c.Mutex("warm-up").Lock(ctx); err == nil {
-		_ = l.Unlock(ctx)
-	}
-	rdb.Del(ctx, "dlock:{warm-up}")
+	// Warm up first, as concurrently as the measurement: scripts loaded and
+	// every pooled connection open (each costs Redis buffers), so the
+	// baseline holds everything but the locks themselves.
+	forEach(64, func(i int) {
+		if l, err := c.Mutex("warm-up:"+strconv.Itoa(i)).Lock(ctx); err == nil {
+			_ = l.Unlock(ctx)
+		}
+	})
+	rdb.FlushAll(ctx)
 	base := usedMemory(t, ctx, rdb)
 	leases := make([]*dlock.Lease, n)
 	forEach(n, func(i int) {

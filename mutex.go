@@ -205,9 +205,7 @@ func (m *Mutex) abandon(ctx context.Context, token string, err error) {
 		return
 	}
 	c := m.c
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
+	c.goBg(func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.ttl, 5*time.Second))
 		defer cancel()
 		rel := releaseScript
@@ -217,7 +215,7 @@ func (m *Mutex) abandon(ctx context.Context, token string, err error) {
 		if v, err := rel.run(rctx, c.rdb, m.keys, token, "", c.idleArg, m.keys[0]); err == nil && v.(int64) != 0 {
 			c.cfg.logger.Debug("dlock: released an acquire whose reply was lost", "lock", m.name)
 		}
-	}()
+	})
 }
 
 // wait queues behind this Client's earlier waiters for the lock, then

@@ -190,9 +190,9 @@ func (h *wakeHub) send(c *Client, op subOp) {
 	if !h.started {
 		h.started = true
 		h.ps = c.rdb.SSubscribe(c.bg)
-		c.wg.Add(2)
-		go c.subscriber()
-		go c.receiver(h.ps)
+		ps := h.ps
+		c.goBg(c.subscriber)
+		c.goBg(func() { c.receiver(ps) })
 	}
 	poke(h.kick)
 }
@@ -210,7 +210,6 @@ func (c *Client) closeHub() {
 
 // subscriber issues (un)subscribe commands in the order they were decided.
 func (c *Client) subscriber() {
-	defer c.wg.Done()
 	for {
 		select {
 		case <-c.bg.Done():
@@ -240,7 +239,6 @@ func (c *Client) subscriber() {
 
 // receiver dispatches wake-ups and subscription confirmations.
 func (c *Client) receiver(ps *redis.PubSub) {
-	defer c.wg.Done()
 	backoff := 10 * time.Millisecond
 	for {
 		msg, err := ps.Receive(c.bg)

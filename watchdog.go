@@ -27,10 +27,7 @@ const renewBatchMax = 1000
 
 func (d *watchdog) init() { d.kick = make(chan struct{}, 1) }
 
-func (c *Client) startDog() {
-	c.wg.Add(1)
-	go c.watch()
-}
+func (c *Client) startDog() { c.goBg(c.watch) }
 
 func (d *watchdog) add(h *holding, due time.Time) {
 	c := h.c
@@ -86,7 +83,6 @@ func (d *watchdog) drain() []*holding {
 }
 
 func (c *Client) watch() {
-	defer c.wg.Done()
 	d := &c.dog
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -128,8 +124,10 @@ func (c *Client) watch() {
 			h.lose("lease deadline passed before renewal")
 		}
 		if len(renew) > 0 {
-			c.wg.Add(1)
-			go c.renew(renew)
+			batch := renew
+			if !c.goBg(func() { c.renew(batch) }) {
+				return // closing
+			}
 			if len(renew) == renewBatchMax {
 				wait = 0
 			}
@@ -146,7 +144,6 @@ func (c *Client) watch() {
 
 // renew extends a batch of leases in one pipeline.
 func (c *Client) renew(batch []*holding) {
-	defer c.wg.Done()
 	var earliest time.Time
 	for i, h := range batch {
 		h.mu.Lock()

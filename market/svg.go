@@ -30,7 +30,7 @@ const (
 	svgBarW     = 16.0
 	svgGroupGap = 36.0
 	svgLeft     = 80.0 // room for the y axis labels
-	svgRight    = 190.0
+	svgRight    = 230.0
 	svgPanelH   = 260.0
 	svgTitleH   = 70.0
 	svgPanelGap = 110.0
