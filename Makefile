@@ -15,13 +15,13 @@ redis-server:
 
 vet:
 	$(GO) vet ./...
-	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { gofmt -l .; echo "gofmt needed"; exit 1; }
+	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }
 
 test: redis-server vet
 	$(GO) test -race -count=1 -timeout 12m ./...
 
 demo: redis-server
-	$(GO) run ./cmd/dlock market --duration 5s
+	$(GO) run ./cmd/dlock market --duration 3s
 
 bench: redis-server
 	cd bench && $(GO) run . -scenario all

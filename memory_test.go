@@ -52,7 +52,7 @@ func TestMemoryPerLock(t *testing.T) {
 	// every pooled connection open (each costs Redis buffers), so the
 	// baseline holds everything but the locks themselves.
 	forEach(64, func(i int) {
-		if l, err := c.Mutex("warm-up:"+strconv.Itoa(i)).Lock(ctx); err == nil {
+		if l, err := c.Mutex("warm-up:" + strconv.Itoa(i)).Lock(ctx); err == nil {
 			_ = l.Unlock(ctx)
 		}
 	})
