@@ -77,13 +77,9 @@ func runList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *limit < 0 {
 		return usageErr(fmt.Errorf("--limit %d is negative", *limit))
 	}
-	target, err := parseRedisTarget(resolveRedisURL(*fl.redisURL))
-	if err != nil {
-		return usageErr(err)
-	}
-	rdb, err := target.connect(ctx)
-	if err != nil {
-		return reportRedisErr(ctx, stderr, "dlock list", err)
+	rdb, code := fl.connect(ctx, stderr, "dlock list")
+	if rdb == nil {
+		return code
 	}
 	defer rdb.Close()
 

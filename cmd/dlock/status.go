@@ -97,6 +97,21 @@ func addInspectFlags(fs *flag.FlagSet) inspectFlags {
 	}
 }
 
+// connect reaches the Redis server the flags name. On failure it reports
+// the error and returns the exit code (usage or unavailable) and no client.
+func (fl inspectFlags) connect(ctx context.Context, stderr io.Writer, cmd string) (redis.UniversalClient, int) {
+	target, err := parseRedisTarget(resolveRedisURL(*fl.redisURL))
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", cmd, err, cmd)
+		return nil, exitUsage
+	}
+	rdb, err := target.connect(ctx)
+	if err != nil {
+		return nil, reportRedisErr(ctx, stderr, cmd, err)
+	}
+	return rdb, 0
+}
+
 // lockKey is the library's key for a lock name (see docs/PROTOCOL.md).
 func lockKey(prefix, name string) string { return prefix + "{" + name + "}" }
 
@@ -125,13 +140,9 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err := checkName(name); err != nil {
 		return usageErr(err)
 	}
-	target, err := parseRedisTarget(resolveRedisURL(*fl.redisURL))
-	if err != nil {
-		return usageErr(err)
-	}
-	rdb, err := target.connect(ctx)
-	if err != nil {
-		return reportRedisErr(ctx, stderr, "dlock status", err)
+	rdb, code := fl.connect(ctx, stderr, "dlock status")
+	if rdb == nil {
+		return code
 	}
 	defer rdb.Close()
 

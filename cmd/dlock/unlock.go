@@ -103,13 +103,9 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err := checkName(name); err != nil {
 		return usageErr(err)
 	}
-	target, err := parseRedisTarget(resolveRedisURL(*fl.redisURL))
-	if err != nil {
-		return usageErr(err)
-	}
-	rdb, err := target.connect(ctx)
-	if err != nil {
-		return reportRedisErr(ctx, stderr, "dlock unlock", err)
+	rdb, code := fl.connect(ctx, stderr, "dlock unlock")
+	if rdb == nil {
+		return code
 	}
 	defer rdb.Close()
 
@@ -132,7 +128,7 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		f, _ := reply[2].(string)
 		res.Fence, _ = strconv.ParseUint(f, 10, 64)
 	}
-	code := exitOK
+	code = exitOK
 	switch status {
 	case 1:
 		res.Removed = true
