@@ -20,7 +20,11 @@ type watchdog struct {
 	h       dueHeap
 	kick    chan struct{}
 	started bool
+	wakeAt  time.Time // when the loop's timer fires; a due before it needs a kick
 }
+
+// farFuture stands for "the watchdog loop is awake".
+var farFuture = time.Unix(1<<62, 0)
 
 // renewBatchMax bounds one renewal pipeline.
 const renewBatchMax = 1000
@@ -34,7 +38,9 @@ func (d *watchdog) add(h *holding, due time.Time) {
 	d.mu.Lock()
 	h.due = due
 	heap.Push(&d.h, h)
-	first := h.idx == 0
+	// Wake the loop only if it would sleep past this lease's due time: a
+	// kick per lock would cost every acquisition a goroutine wake-up.
+	first := h.idx == 0 && due.Before(d.wakeAt)
 	start := !d.started
 	d.started = true
 	d.mu.Unlock()
@@ -62,7 +68,7 @@ func (d *watchdog) reschedule(h *holding, due time.Time) {
 		h.due = due
 		heap.Fix(&d.h, h.idx)
 	}
-	first := h.idx == 0
+	first := h.idx == 0 && due.Before(d.wakeAt)
 	d.mu.Unlock()
 	if first {
 		poke(d.kick)
@@ -91,6 +97,7 @@ func (c *Client) watch() {
 		var renew, expired []*holding
 		wait := time.Hour
 		d.mu.Lock()
+		d.wakeAt = farFuture // awake: every add kicks, so none is missed before we sleep
 		for len(d.h) > 0 && len(renew) < renewBatchMax {
 			h := d.h[0]
 			h.mu.Lock()
@@ -132,6 +139,9 @@ func (c *Client) watch() {
 				wait = 0
 			}
 		}
+		d.mu.Lock()
+		d.wakeAt = now.Add(wait)
+		d.mu.Unlock()
 		timer.Reset(wait)
 		select {
 		case <-c.bg.Done():
