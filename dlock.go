@@ -66,6 +66,7 @@ type Client struct {
 	ctxAware bool                 // rdb bounds I/O by ctx deadlines itself
 	ttlArg   string               // DefaultTTL in ms, formatted once
 	liveArg  string               // fairLiveness in ms, formatted once
+	id       string               // random, names this Client's Fair hand-over channels
 	inflight atomic.Int64         // lock-path scripts awaiting Redis
 	cfg      clientConfig
 	idleArg  string // idle period in ms, formatted once
@@ -117,6 +118,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	}
 	c.ttlArg = strconv.FormatInt(DefaultTTL.Milliseconds(), 10)
 	c.liveArg = strconv.FormatInt(fairLiveness.Milliseconds(), 10)
+	c.id = c.tokens.next()[:12]
 	c.dog.init()
 	c.hub.init()
 	return c

@@ -17,7 +17,7 @@ const fairLiveness = time.Second
 func (m *Mutex) lockFair(ctx context.Context) (*Lease, error) {
 	c := m.c
 	h := m.prepare(ctx, true)
-	q, grant := c.joinFair(m.keys[0], h.token)
+	q, grant := c.joinFair(m.handover, h.token)
 	defer c.leaveFair(q, h.token)
 	ready := q.ready // nil once seen closed
 	subscribed := isClosed(ready)
@@ -129,12 +129,15 @@ func isClosed(ch chan struct{}) bool {
 }
 
 // joinFair registers a Fair waiter: its token gets the hand-over message,
-// and the lock's wake-up channel is subscribed while it waits.
-func (c *Client) joinFair(key, token string) (*queue, chan uint64) {
+// and this Client's hand-over channel for the lock is subscribed while it
+// waits. (Not the lock's own channel: a hand-over wakes only the Client it
+// concerns. A release by a default-mode holder is therefore seen at the
+// waiter's next refresh, within a third of a second.)
+func (c *Client) joinFair(channel, token string) (*queue, chan uint64) {
 	ch := make(chan uint64, 1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	q := c.queueFor(key)
+	q := c.queueFor(channel)
 	q.fair++
 	c.grants[token] = ch
 	return q, ch

@@ -146,7 +146,7 @@ func TestFairDeadWaiterSkipped(t *testing.T) {
 	// process leaves it, still valid for 300ms.
 	now := rdb.Time(ctx).Val()
 	rdb.RPush(ctx, "dlock:{dead}:q", "ghost")
-	rdb.HSet(ctx, "dlock:{dead}:w", "ghost", fmt.Sprintf("%d,10000", now.UnixMilli()+300))
+	rdb.HSet(ctx, "dlock:{dead}:w", "ghost", fmt.Sprintf("%d,10000,dlock:{dead}:c:ghost", now.UnixMilli()+300))
 	got := make(chan time.Time, 1)
 	go func() {
 		l, err := c.Mutex("dead", dlock.Fair()).Lock(ctx)

@@ -30,7 +30,7 @@ type holding struct {
 	renew     bool
 	contended bool            // obtained after waiting: its release is likely awaited too
 	parent    context.Context // the ctx Lock was called with: values of the lease context come from it
-	acq       [10]any         // the acquire command line; never changed once sent
+	acq       [11]any         // the acquire command line; never changed once sent
 	rel       [10]any         // the release command line; never changed once built
 	acqLen    int
 	relLen    int
@@ -78,7 +78,7 @@ func (m *Mutex) prepare(ctx context.Context, join bool) *holding {
 	}
 	line, waiters := &m.keyArr[1], &m.keyArr[2]
 	h.acqScript, h.relScript = fairAcquireScript, fairReleaseScript
-	h.acqLen = copy(h.acq[:], []any{"evalsha", &fairAcquireScript.sha, "3", m.keyAny, line, waiters, &h.token, &m.ttlArg, &m.c.liveArg, &h.join})
+	h.acqLen = copy(h.acq[:], []any{"evalsha", &fairAcquireScript.sha, "3", m.keyAny, line, waiters, &h.token, &m.ttlArg, &m.c.liveArg, &h.join, &m.handover})
 	h.relLen = copy(h.rel[:], []any{"evalsha", &fairReleaseScript.sha, "3", m.keyAny, line, waiters, &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
 	return h
 }

@@ -12,16 +12,17 @@ import (
 // one per use or keep it; it holds no state at Redis until locked. Every
 // successful Lock or TryLock returns its own Lease.
 type Mutex struct {
-	c      *Client
-	name   string
-	keys   []string  // the lock key (and, when fair, its line and waiters), shared by every call
-	keyArr [3]string // backs keys
-	keyAny any       // &keyArr[0], for prepared command lines
-	ttl    time.Duration
-	ttlArg string
-	renew  bool
-	fair   bool
-	err    error // invalid name or option, reported by every call
+	c        *Client
+	name     string
+	keys     []string  // the lock key (and, when fair, its line and waiters), shared by every call
+	keyArr   [3]string // backs keys
+	keyAny   any       // &keyArr[0], for prepared command lines
+	ttl      time.Duration
+	ttlArg   string
+	renew    bool
+	fair     bool
+	handover string // fair: this Client's hand-over channel for the lock
+	err      error  // invalid name or option, reported by every call
 }
 
 // Mutex returns the lock called name. The name is any non-empty string of
@@ -39,6 +40,7 @@ func (c *Client) Mutex(name string, opts ...LockOption) *Mutex {
 	if cfg.fair {
 		m.keyArr[1], m.keyArr[2] = m.keyArr[0]+":q", m.keyArr[0]+":w"
 		m.keys = m.keyArr[:]
+		m.handover = m.keyArr[0] + ":c:" + c.id
 	}
 	if cfg.ttl == DefaultTTL {
 		m.ttlArg = c.ttlArg

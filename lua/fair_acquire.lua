@@ -2,12 +2,14 @@
 -- ahead; otherwise take (or keep alive) a place in its FIFO line.
 -- KEYS[1]  the lock hash (o, f, as for acquire.lua; p = the fence that handed it over)
 -- KEYS[2]  the line: a list of waiter tokens in arrival order
--- KEYS[3]  the waiters: hash token -> "deadline_ms,ttl_ms" (deadline: server
---          time until which the waiter's place holds without another call)
+-- KEYS[3]  the waiters: hash token -> "deadline_ms,ttl_ms,channel" (deadline:
+--          server time until which the waiter's place holds without another
+--          call; channel: where to tell the waiter it was handed the lock)
 -- ARGV[1]  owner token
 -- ARGV[2]  lease TTL in milliseconds
 -- ARGV[3]  liveness in milliseconds: a place not refreshed for this long is dropped
 -- ARGV[4]  "1" to take a place in line when the lock is busy (Lock), else not (TryLock)
+-- ARGV[5]  the waiter's hand-over channel (in the lock's slot: PREFIX{NAME}:c:CLIENT)
 -- Returns {1, fence}             acquired (or was handed the lock while waiting)
 --         {0, remaining_ms, f}   in line; the holder (fence f) has remaining_ms left
 -- Errors  DLOCK_FOREIGN <what>   the key exists but is not a dlock mutex
@@ -45,7 +47,7 @@ end
 if ARGV[4] ~= '1' then -- TryLock: do not take a place in line
   return {0, redis.call('PTTL', key), tonumber(h[2]) or 0}
 end
-if redis.call('HSET', waiters, token, string.format('%.0f,%d', now + live, ttl)) == 1 then
+if redis.call('HSET', waiters, token, string.format('%.0f,%d,%s', now + live, ttl, ARGV[5])) == 1 then
   redis.call('RPUSH', line, token)
 end
 redis.call('PEXPIRE', line, 2 * live)

@@ -5,7 +5,8 @@
 -- ARGV[2]  the fence this token was granted
 -- ARGV[3]  idle period in milliseconds
 -- ARGV[4]  wake-up channel
--- Returns  3  handed over to the next waiter: published "g FENCE TOKEN"
+-- Returns  3  handed over to the next waiter: published "g FENCE TOKEN" on
+--             that waiter's own channel (only its Client wakes up)
 --          1  released, nobody waiting: published the released fence
 --          2  already released or handed over by this same holding (a retry)
 --          0  not the owner: the lease was lost
@@ -24,15 +25,16 @@ while true do
   local v = redis.call('HGET', waiters, w)
   redis.call('HDEL', waiters, w)
   if v then
-    local deadline, wttl = string.match(v, '^(%d+),(%d+)')
-    if tonumber(deadline) > now then
+    local deadline, wttl, wch = string.match(v, '^(%d+),(%d+),?(.*)$')
+    if wch == '' then wch = ARGV[4] end -- no channel of its own: the lock's
+    if deadline and tonumber(deadline) > now then
       local f = math.max(tonumber(h[2]) + 1, t[1] * 1000000 + t[2])
       local fs = string.format('%.0f', f)
       -- Until the new holder renews, the lock lives no longer than a
       -- waiter's place would: a waiter that died in line costs at most that.
       redis.call('HSET', key, 'o', w, 'f', fs, 'p', ARGV[2])
       redis.call('PEXPIRE', key, math.min(tonumber(wttl), 2 * (tonumber(deadline) - now) + 1000))
-      redis.call('SPUBLISH', ARGV[4], 'g ' .. fs .. ' ' .. w)
+      redis.call('SPUBLISH', wch, 'g ' .. fs .. ' ' .. w)
       return 3
     end
   end
