@@ -95,6 +95,10 @@ func (m *Mutex) granted(ctx context.Context, h *holding, f uint64, sent time.Tim
 	}
 	if ttl > fairLiveness {
 		if err := h.first.Extend(ctx, ttl); err != nil {
+			// Pass the lock on rather than leave it to its short expiry.
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fairLiveness)
+			_ = h.first.Unlock(uctx)
+			cancel()
 			return nil, err
 		}
 	}
