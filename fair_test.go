@@ -215,3 +215,35 @@ func TestFairAndDefaultExclusive(t *testing.T) {
 		t.Fatalf("counter %d, want %d", v, 16*15)
 	}
 }
+
+// TestFairHandOverNoRenew: a lock handed over to a NoRenew waiter lives its
+// full TTL, not just the short expiry of the hand-over.
+func TestFairHandOverNoRenew(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	opts := []dlock.LockOption{dlock.Fair(), dlock.NoRenew(), dlock.TTL(5 * time.Second)}
+	l, err := c.Mutex("norenew", opts...).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l2, err := c.Mutex("norenew", opts...).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l2
+	}()
+	time.Sleep(200 * time.Millisecond)
+	_ = l.Unlock(ctx)
+	l2 := <-got
+	if l2 == nil {
+		t.FailNow()
+	}
+	time.Sleep(3500 * time.Millisecond) // past the hand-over's own expiry (at most 3s)
+	if ttl, err := l2.TTL(ctx); err != nil || ttl < time.Second {
+		t.Fatalf("handed-over NoRenew lease: TTL %v, %v; want its 5s TTL", ttl, err)
+	}
+	_ = l2.Unlock(ctx)
+}
