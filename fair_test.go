@@ -11,6 +11,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestFairBasics(t *testing.T) {
@@ -76,9 +77,11 @@ func TestFairOrderAcrossClients(t *testing.T) {
 	s := redistest.Start(t)
 	ctx := ctxT(t, 60*time.Second)
 	var clients []*dlock.Client
+	var rdb *redis.Client
 	for i := 0; i < 4; i++ {
-		c, _ := newClient(t, s)
+		c, r := newClient(t, s)
 		clients = append(clients, c)
+		rdb = r
 	}
 	holder, err := clients[0].Mutex("line", dlock.Fair()).Lock(ctx)
 	if err != nil {
@@ -104,7 +107,15 @@ func TestFairOrderAcrossClients(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 			_ = l.Unlock(ctx)
 		}(i)
-		time.Sleep(15 * time.Millisecond) // arrive in order, alternating Clients
+		// Arrive in order, alternating Clients: the next one starts once this
+		// one has its place in line.
+		deadline := time.Now().Add(10 * time.Second)
+		for rdb.LLen(ctx, "dlock:{line}:q").Val() < int64(i+1) {
+			if time.Now().After(deadline) {
+				t.Fatalf("waiter %d never took its place in line", i)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
 	}
 	_ = holder.Unlock(ctx)
 	wg.Wait()

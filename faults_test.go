@@ -257,7 +257,7 @@ func TestFault14ServerPausedPastTTL(t *testing.T) {
 	s.Pause()
 	select {
 	case <-holder.Context().Done():
-		if d := time.Since(paused); d > 800*time.Millisecond {
+		if d := time.Since(paused); d > 1500*time.Millisecond {
 			t.Errorf("holder told %v after the pause, TTL 500ms", d)
 		}
 	case <-time.After(3 * time.Second):

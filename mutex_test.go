@@ -344,11 +344,11 @@ func TestWatchdogRenews(t *testing.T) {
 	s := redistest.Start(t)
 	c, _ := newClient(t, s)
 	ctx := ctxT(t, 10*time.Second)
-	l, err := c.Mutex("renewed", dlock.TTL(200*time.Millisecond)).Lock(ctx)
+	l, err := c.Mutex("renewed", dlock.TTL(600*time.Millisecond)).Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // five TTLs
+	time.Sleep(2 * time.Second) // over three TTLs
 	if err := l.Context().Err(); err != nil {
 		t.Fatalf("renewed lease ended: %v", context.Cause(l.Context()))
 	}
@@ -560,7 +560,7 @@ func TestLocalQueueFIFO(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 			_ = l.Unlock(ctx)
 		}(i)
-		time.Sleep(30 * time.Millisecond) // arrive in order
+		time.Sleep(50 * time.Millisecond) // arrive in order
 	}
 	_ = holder.Unlock(ctx)
 	wg.Wait()
