@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
-	"github.com/redis/go-redis/v9"
 )
 
 func TestFairBasics(t *testing.T) {
@@ -76,13 +74,7 @@ func TestFairBasics(t *testing.T) {
 func TestFairOrderAcrossClients(t *testing.T) {
 	s := redistest.Start(t)
 	ctx := ctxT(t, 60*time.Second)
-	var clients []*dlock.Client
-	var rdb *redis.Client
-	for i := 0; i < 4; i++ {
-		c, r := newClient(t, s)
-		clients = append(clients, c)
-		rdb = r
-	}
+	clients, rdb := newClients(t, s, 4)
 	holder, err := clients[0].Mutex("line", dlock.Fair()).Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -158,17 +150,7 @@ func TestFairDeadWaiterSkipped(t *testing.T) {
 	now := rdb.Time(ctx).Val()
 	rdb.RPush(ctx, "dlock:{dead}:q", "ghost")
 	rdb.HSet(ctx, "dlock:{dead}:w", "ghost", fmt.Sprintf("%d,10000,dlock:{dead}:c:ghost", now.UnixMilli()+300))
-	got := make(chan time.Time, 1)
-	go func() {
-		l, err := c.Mutex("dead", dlock.Fair()).Lock(ctx)
-		if err != nil {
-			t.Error(err)
-			close(got)
-			return
-		}
-		got <- time.Now()
-		_ = l.Unlock(ctx)
-	}()
+	got := lockedAt(t, ctx, c.Mutex("dead", dlock.Fair()))
 	time.Sleep(100 * time.Millisecond)
 	released := time.Now()
 	_ = holder.Unlock(ctx)
@@ -188,43 +170,13 @@ func TestFairDeadWaiterSkipped(t *testing.T) {
 // hold it together.
 func TestFairAndDefaultExclusive(t *testing.T) {
 	s := redistest.Start(t)
-	c1, rdb := newClient(t, s)
-	c2, _ := newClient(t, s)
-	ctx := ctxT(t, 60*time.Second)
-	var inside atomic.Int32
-	var wg sync.WaitGroup
-	for g := 0; g < 16; g++ {
-		wg.Add(1)
-		go func(g int) {
-			defer wg.Done()
-			c := c1
-			if g%2 == 1 {
-				c = c2
-			}
-			var opts []dlock.LockOption
-			if g%4 < 2 {
-				opts = append(opts, dlock.Fair())
-			}
-			for i := 0; i < 15; i++ {
-				err := c.Mutex("mixed", opts...).Do(ctx, func(ctx context.Context) error {
-					if inside.Add(1) != 1 {
-						t.Error("two holders at once")
-					}
-					defer inside.Add(-1)
-					v, _ := rdb.Get(ctx, "mixed-counter").Int()
-					return rdb.Set(ctx, "mixed-counter", v+1, 0).Err()
-				})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}(g)
-	}
-	wg.Wait()
-	if v, _ := rdb.Get(ctx, "mixed-counter").Int(); v != 16*15 {
-		t.Fatalf("counter %d, want %d", v, 16*15)
-	}
+	cs, rdb := newClients(t, s, 2)
+	contend(t, ctxT(t, 60*time.Second), rdb, 16, 15, func(g int) *dlock.Mutex {
+		if g%4 < 2 {
+			return cs[g%2].Mutex("mixed", dlock.Fair())
+		}
+		return cs[g%2].Mutex("mixed")
+	})
 }
 
 // TestFairHandOverNoRenew: a lock handed over to a NoRenew waiter lives its

@@ -183,45 +183,8 @@ func TestFault9ClockJumpFenced(t *testing.T) {
 // grants and everyone progresses.
 func TestFault13ContentionStorm(t *testing.T) {
 	s := redistest.Start(t)
-	ctx := ctxT(t, 60*time.Second)
-	var clients []*dlock.Client
-	var rdb *redis.Client
-	for i := 0; i < 4; i++ {
-		c, r := newClient(t, s)
-		clients = append(clients, c)
-		rdb = r
-	}
-	const goroutines, each = 128, 4
-	var inside, maxInside atomic.Int32
-	var wg sync.WaitGroup
-	for g := 0; g < goroutines; g++ {
-		wg.Add(1)
-		go func(c *dlock.Client) {
-			defer wg.Done()
-			for i := 0; i < each; i++ {
-				err := c.Mutex("storm").Do(ctx, func(ctx context.Context) error {
-					n := inside.Add(1)
-					if n > maxInside.Load() {
-						maxInside.Store(n)
-					}
-					defer inside.Add(-1)
-					v, _ := rdb.Get(ctx, "storm-counter").Int()
-					return rdb.Set(ctx, "storm-counter", v+1, 0).Err()
-				})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}(clients[g%4])
-	}
-	wg.Wait()
-	if v, _ := rdb.Get(ctx, "storm-counter").Int(); v != goroutines*each {
-		t.Fatalf("counter %d, want %d", v, goroutines*each)
-	}
-	if maxInside.Load() != 1 {
-		t.Fatalf("%d holders inside at once", maxInside.Load())
-	}
+	cs, rdb := newClients(t, s, 4)
+	contend(t, ctxT(t, 60*time.Second), rdb, 128, 4, func(g int) *dlock.Mutex { return cs[g%4].Mutex("storm") })
 }
 
 // Fault 14: redis-server paused longer than the TTL. The holder is told it

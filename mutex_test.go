@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,17 +104,7 @@ func TestLockWaitsForRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan time.Time, 1)
-	go func() {
-		l2, err := c2.Mutex("w").Lock(ctx)
-		if err != nil {
-			t.Error(err)
-			close(got)
-			return
-		}
-		got <- time.Now()
-		_ = l2.Unlock(ctx)
-	}()
+	got := lockedAt(t, ctx, c2.Mutex("w"))
 	time.Sleep(200 * time.Millisecond)
 	released := time.Now()
 	if err := l1.Unlock(ctx); err != nil {
@@ -575,38 +564,6 @@ func TestGoroutineContention(t *testing.T) {
 	// Many goroutines on two Clients increment a Redis counter with
 	// read-modify-write under the lock: no update is lost.
 	s := redistest.Start(t)
-	c1, rdb := newClient(t, s)
-	c2, _ := newClient(t, s)
-	ctx := ctxT(t, 60*time.Second)
-	const workers, each = 32, 20
-	var wg sync.WaitGroup
-	var inside atomic.Int32
-	for i := 0; i < workers; i++ {
-		c := c1
-		if i%2 == 1 {
-			c = c2
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := 0; j < each; j++ {
-				err := c.Mutex("counter").Do(ctx, func(ctx context.Context) error {
-					if inside.Add(1) != 1 {
-						t.Error("two holders inside at once")
-					}
-					defer inside.Add(-1)
-					v, _ := rdb.Get(ctx, "counter").Int()
-					return rdb.Set(ctx, "counter", v+1, 0).Err()
-				})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if v, _ := rdb.Get(ctx, "counter").Int(); v != workers*each {
-		t.Fatalf("counter = %d, want %d (lost updates)", v, workers*each)
-	}
+	cs, rdb := newClients(t, s, 2)
+	contend(t, ctxT(t, 60*time.Second), rdb, 32, 20, func(g int) *dlock.Mutex { return cs[g%2].Mutex("counter") })
 }
