@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -566,4 +567,48 @@ func TestGoroutineContention(t *testing.T) {
 	s := redistest.Start(t)
 	cs, rdb := newClients(t, s, 2)
 	contend(t, ctxT(t, 60*time.Second), rdb, 32, 20, func(g int) *dlock.Mutex { return cs[g%2].Mutex("counter") })
+}
+
+// TestOnlyHeadContends: waiters of one Client queue locally and only the
+// head asks Redis when the lock is released, so a hot lock does not
+// stampede: n queued waiters cost O(n) script calls to drain, not O(n²).
+// (Each arrival still makes one attempt of its own before it queues.)
+func TestOnlyHeadContends(t *testing.T) {
+	s := redistest.Start(t)
+	c1, rdb := newClient(t, s)
+	c2, _ := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	holder, err := c1.Mutex("herd").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 16
+	var done []<-chan time.Time
+	for i := 0; i < n; i++ {
+		done = append(done, lockedAt(t, ctx, c2.Mutex("herd")))
+	}
+	time.Sleep(300 * time.Millisecond) // all queued; the holder still holds
+	rdb.ConfigResetStat(ctx)
+	_ = holder.Unlock(ctx)
+	for _, ch := range done {
+		if _, ok := <-ch; !ok {
+			t.FailNow()
+		}
+	}
+	// One release and n acquire+release pairs, plus a few failed attempts
+	// of each new head; a stampede would be about n²/2 attempts.
+	if calls := evalshaCalls(t, ctx, rdb); calls > 4*n {
+		t.Fatalf("%d script calls to drain %d local waiters: they stampede", calls, n)
+	}
+}
+
+func evalshaCalls(t *testing.T, ctx context.Context, rdb *redis.Client) int {
+	t.Helper()
+	for _, line := range strings.Split(rdb.Info(ctx, "commandstats").Val(), "\r\n") {
+		if v, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+			n, _ := strconv.Atoi(v[:strings.IndexByte(v, ',')])
+			return n
+		}
+	}
+	return 0
 }
