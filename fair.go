@@ -13,10 +13,10 @@ import (
 const fairLiveness = time.Second
 
 // lockFair waits in the lock's line at Redis until the holder before it
-// hands the lock over (or the lock is free and nobody alive is ahead).
-func (m *Mutex) lockFair(ctx context.Context) (*Lease, error) {
+// hands the lock over (or the lock is free and nobody alive is ahead). Fair
+// mutexes, semaphores and RWMutexes all wait this way.
+func (m *Mutex) lockFair(ctx context.Context, h *holding) (*Lease, error) {
 	c := m.c
-	h := m.prepare(ctx, true)
 	q, grant := c.joinFair(m.handover, h.token)
 	defer c.leaveFair(q, h.token)
 	ready := q.ready // nil once seen closed
@@ -111,11 +111,15 @@ func (m *Mutex) giveUp(ctx context.Context, h *holding, cause error) error {
 	c := m.c
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.ttl, 5*time.Second))
 	defer cancel()
-	v, err := fairLeaveScript.run(lctx, c.rdb, m.keys, h.token)
-	if r, ok := v.([]any); err == nil && ok && len(r) == 2 && r[0] == int64(1) {
-		f, _ := r[1].(int64)
-		h.activate(uint64(f), time.Now())
-		_ = h.first.Unlock(lctx)
+	if m.sem {
+		// sem.lua's leave releases the permits if they had been handed over.
+		_, _ = semScript.run(lctx, c.rdb, m.keys, "l", h.token, c.idleArg)
+	} else if v, err := fairLeaveScript.run(lctx, c.rdb, m.keys, h.token); err == nil {
+		if r, ok := v.([]any); ok && len(r) == 2 && r[0] == int64(1) {
+			f, _ := r[1].(int64)
+			h.activate(uint64(f), time.Now())
+			_ = h.first.Unlock(lctx)
+		}
 	}
 	if errors.Is(cause, ErrClosed) {
 		return nameErr(m.name, ErrClosed)

@@ -24,19 +24,24 @@ type holding struct {
 	c         *Client
 	name      string
 	key       string
+	kind      string   // the primitive: "mutex", "semaphore" or "rwmutex"
+	shared    bool     // a read holding of an RWMutex
+	semKeys   []string // a semaphore or RWMutex holding: the KEYS of sem.lua
 	token     string
 	fence     uint64
 	fenceStr  string
 	renew     bool
 	contended bool            // obtained after waiting: its release is likely awaited too
 	parent    context.Context // the ctx Lock was called with: values of the lease context come from it
-	acq       [11]any         // the acquire command line; never changed once sent
-	rel       [10]any         // the release command line; never changed once built
+	acq       [18]any         // the acquire command line; never changed once sent
+	rel       [11]any         // the release command line; never changed once built
 	acqLen    int
 	relLen    int
 	acqScript *script
 	relScript *script
 	join      string // fair: "1" to take a place in line if the lock is busy
+	nArg      string // sem: permits asked for
+	relFailed bool   // sem: a release attempt's outcome is unknown (guarded by mu)
 
 	mu       sync.Mutex
 	ttl      time.Duration
@@ -59,28 +64,53 @@ type holding struct {
 func validity(ttl time.Duration) time.Duration { return ttl - ttl/100 }
 
 // prepare makes the holding an acquire will fill, with the acquire command
-// line built in place (see script.do).
-func (m *Mutex) prepare(ctx context.Context, join bool) *holding {
+// line built in place (see script.do). join: take a place in line (fair and
+// semaphores); n: the permits a semaphore call asks for.
+func (m *Mutex) prepare(ctx context.Context, join bool, n string) *holding {
 	h := &holding{
-		c: m.c, name: m.name, key: m.keys[0], token: m.c.tokens.next(), renew: m.renew, parent: ctx,
-		ttl: m.ttl, holds: 1, idx: -1,
+		c: m.c, name: m.name, key: m.keys[0], kind: m.kind, shared: m.shared, token: m.c.tokens.next(),
+		renew: m.renew, parent: ctx, ttl: m.ttl, holds: 1, idx: -1, nArg: n,
 	}
 	h.first.h = h
-	if !m.fair {
-		h.acqScript, h.relScript = acquireScript, releaseScript
-		h.acqLen = copy(h.acq[:], []any{"evalsha", &acquireScript.sha, "1", m.keyAny, &h.token, &m.ttlArg})
-		h.relLen = copy(h.rel[:], []any{"evalsha", &releaseScript.sha, "1", m.keyAny, &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
-		return h
-	}
 	h.join = "0"
 	if join {
 		h.join = "1"
 	}
-	line, waiters := &m.keyArr[1], &m.keyArr[2]
-	h.acqScript, h.relScript = fairAcquireScript, fairReleaseScript
-	h.acqLen = copy(h.acq[:], []any{"evalsha", &fairAcquireScript.sha, "3", m.keyAny, line, waiters, &h.token, &m.ttlArg, &m.c.liveArg, &h.join, &m.handover})
-	h.relLen = copy(h.rel[:], []any{"evalsha", &fairReleaseScript.sha, "3", m.keyAny, line, waiters, &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
+	k := &m.keyArr
+	switch {
+	case m.sem:
+		h.semKeys = m.keys
+		h.acqScript, h.relScript = semScript, semScript
+		h.acqLen = copy(h.acq[:], []any{"evalsha", &semScript.sha, "5", m.keyAny, &k[1], &k[2], &k[3], &k[4],
+			"a", &h.token, &m.ttlArg, &m.c.liveArg, &h.join, &m.handover, &h.nArg, &m.sizeArg, &m.kind, &m.c.idleArg})
+		h.relLen = copy(h.rel[:], []any{"evalsha", &semScript.sha, "5", m.keyAny, &k[1], &k[2], &k[3], &k[4],
+			"r", &h.token, &m.c.idleArg})
+	case m.fair:
+		h.acqScript, h.relScript = fairAcquireScript, fairReleaseScript
+		h.acqLen = copy(h.acq[:], []any{"evalsha", &fairAcquireScript.sha, "3", m.keyAny, &k[1], &k[2], &h.token, &m.ttlArg, &m.c.liveArg, &h.join, &m.handover})
+		h.relLen = copy(h.rel[:], []any{"evalsha", &fairReleaseScript.sha, "3", m.keyAny, &k[1], &k[2], &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
+	default:
+		h.acqScript, h.relScript = acquireScript, releaseScript
+		h.acqLen = copy(h.acq[:], []any{"evalsha", &acquireScript.sha, "1", m.keyAny, &h.token, &m.ttlArg})
+		h.relLen = copy(h.rel[:], []any{"evalsha", &releaseScript.sha, "1", m.keyAny, &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
+	}
 	return h
+}
+
+// extendCall is the script call that sets h's lease to ttl ms from now.
+func (h *holding) extendCall(ttl string) (*script, []string, []any) {
+	if h.semKeys != nil {
+		return semScript, h.semKeys, []any{"e", h.token, ttl, h.c.idleArg}
+	}
+	return extendScript, []string{h.key}, []any{h.token, ttl}
+}
+
+// pttlCall is the script call that returns h's remaining lease in ms (-1 if lost).
+func (h *holding) pttlCall() (*script, []string, []any) {
+	if h.semKeys != nil {
+		return semScript, h.semKeys, []any{"t", h.token}
+	}
+	return pttlScript, []string{h.key}, []any{h.token}
 }
 
 // activate makes h a held lock, granted fence by an acquire sent at sent.
@@ -181,10 +211,10 @@ func (c *leaseContext) Value(key any) any {
 }
 
 // heldIn finds a holding of key by c among the lease contexts ctx descends from.
-func (c *Client) heldIn(ctx context.Context, key string) *holding {
+func (c *Client) heldIn(ctx context.Context, key, kind string) *holding {
 	for v := ctx.Value(leaseKey{}); v != nil; {
 		h := v.(*holding)
-		if h.c == c && h.key == key {
+		if h.c == c && h.key == key && h.kind == kind {
 			return h
 		}
 		v = h.parent.Value(leaseKey{})
@@ -245,7 +275,8 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	sent := time.Now()
-	v, err := h.c.eval(ctx, extendScript, []string{h.key}, h.token, strconv.FormatInt(ttl.Milliseconds(), 10))
+	es, keys, args := h.extendCall(strconv.FormatInt(ttl.Milliseconds(), 10))
+	v, err := h.c.eval(ctx, es, keys, args...)
 	if err != nil {
 		if errors.Is(scriptErr(h.key, err), ErrForeignKey) {
 			h.lose("lock key overwritten by another value")
@@ -301,7 +332,8 @@ func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	if err := l.live(); err != nil {
 		return 0, err
 	}
-	v, err := h.c.eval(ctx, pttlScript, []string{h.key}, h.token)
+	ps, keys, args := h.pttlCall()
+	v, err := h.c.eval(ctx, ps, keys, args...)
 	if err != nil {
 		if errors.Is(scriptErr(h.key, err), ErrForeignKey) {
 			h.lose("lock key overwritten by another value")
@@ -359,7 +391,17 @@ func (l *Lease) Unlock(ctx context.Context) error {
 		}
 		// Outcome unknown: the lease stays un-unlocked so a retry runs the
 		// (idempotent) release again.
+		h.mu.Lock()
+		h.relFailed = true
+		h.mu.Unlock()
 		return nameErr(h.name, fmt.Errorf("release: %w", err))
+	}
+	if v.(int64) == 0 && h.semKeys != nil && st != stateLost && h.retriedInTime() {
+		// sem.lua keeps no record of released tokens: a retry that finds the
+		// holding gone before its deadline could have passed means the
+		// earlier attempt released it (nothing else removes a live holding
+		// but an operator or a lost key).
+		v = int64(1)
 	}
 	switch v.(int64) {
 	case 1, 2, 3:
@@ -374,6 +416,14 @@ func (l *Lease) Unlock(ctx context.Context) error {
 		}
 		return l.finish(nameErr(h.name, fmt.Errorf("%w: the lock was no longer held by this lease", ErrLockLost)))
 	}
+}
+
+// retriedInTime reports whether an earlier release attempt failed with an
+// unknown outcome and the lease deadline has not passed since.
+func (h *holding) retriedInTime() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.relFailed && time.Now().Before(h.deadline)
 }
 
 func (l *Lease) finish(err error) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -14,13 +15,18 @@ import (
 type Mutex struct {
 	c        *Client
 	name     string
-	keys     []string  // the lock key (and, when fair, its line and waiters), shared by every call
-	keyArr   [3]string // backs keys
+	kind     string    // what the name is used as: "mutex", "semaphore" or "rwmutex"
+	keys     []string  // the lock key (and, when fair or a semaphore, the others), shared by every call
+	keyArr   [5]string // backs keys
 	keyAny   any       // &keyArr[0], for prepared command lines
 	ttl      time.Duration
 	ttlArg   string
 	renew    bool
-	fair     bool
+	fair     bool   // waiters wait in a line at Redis and are handed the lock
+	sem      bool   // a semaphore (sem.lua); also each side of an RWMutex
+	shared   bool   // the read side of an RWMutex
+	nArg     string // sem: the permits every call of this lock takes ("" if per call)
+	sizeArg  string // sem: the size
 	handover string // fair: this Client's hand-over channel for the lock
 	err      error  // invalid name or option, reported by every call
 }
@@ -30,16 +36,33 @@ type Mutex struct {
 // prefix + "{" + name + "}". Invalid names and options are reported by the
 // Mutex's methods as ErrInvalidArgument.
 func (c *Client) Mutex(name string, opts ...LockOption) *Mutex {
+	m := &Mutex{}
+	c.initLock(m, name, "mutex", opts)
+	return m
+}
+
+// initLock fills in what every primitive has: its keys, lease options and
+// the hand-over channel of a lock whose waiters wait in line at Redis.
+func (c *Client) initLock(m *Mutex, name, kind string, opts []LockOption) {
 	cfg := lockConfig{ttl: DefaultTTL}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	m := &Mutex{c: c, name: name, ttl: cfg.ttl, renew: !cfg.noRenew, fair: cfg.fair}
+	m.c, m.name, m.kind, m.ttl, m.renew = c, name, kind, cfg.ttl, !cfg.noRenew
+	m.fair = cfg.fair || kind != "mutex"
+	m.sem = kind != "mutex"
 	m.keyArr[0] = c.key(name)
 	m.keys, m.keyAny = m.keyArr[:1], &m.keyArr[0]
-	if cfg.fair {
+	switch {
+	case m.sem:
+		m.keyArr[1], m.keyArr[2] = m.keyArr[0]+":h", m.keyArr[0]+":hn"
+		m.keyArr[3], m.keyArr[4] = m.keyArr[0]+":q", m.keyArr[0]+":w"
+		m.keys = m.keyArr[:5]
+	case m.fair:
 		m.keyArr[1], m.keyArr[2] = m.keyArr[0]+":q", m.keyArr[0]+":w"
-		m.keys = m.keyArr[:]
+		m.keys = m.keyArr[:3]
+	}
+	if m.fair {
 		m.handover = m.keyArr[0] + ":c:" + c.id
 	}
 	if cfg.ttl == DefaultTTL {
@@ -52,7 +75,6 @@ func (c *Client) Mutex(name string, opts ...LockOption) *Mutex {
 	} else if err := validTTL(cfg.ttl); err != nil {
 		m.err = err
 	}
-	return m
 }
 
 // Name returns the lock name.
@@ -65,7 +87,12 @@ func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
 	if l, err, done := m.start(ctx); done {
 		return l, err
 	}
-	h := m.prepare(ctx, false)
+	return m.try(ctx, m.nArg)
+}
+
+// try is TryLock after its checks, for n permits of a semaphore.
+func (m *Mutex) try(ctx context.Context, n string) (*Lease, error) {
+	h := m.prepare(ctx, false, n)
 	l, _, _, err := m.attempt(ctx, h, false)
 	if err != nil {
 		m.abandon(ctx, h.token, err)
@@ -90,9 +117,9 @@ func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 		return l, err
 	}
 	if m.fair {
-		return m.lockFair(ctx)
+		return m.lockFair(ctx, m.prepare(ctx, true, m.nArg))
 	}
-	h := m.prepare(ctx, false)
+	h := m.prepare(ctx, false, m.nArg)
 	if !m.c.queued(m.keys[0]) {
 		// Nobody of ours waits for this lock: try it at once.
 		l, _, _, err := m.attempt(ctx, h, false)
@@ -135,7 +162,13 @@ func (m *Mutex) start(ctx context.Context) (l *Lease, err error, done bool) {
 	case ctx.Err() != nil:
 		return nil, m.fail(ctx, ctx.Err()), true
 	}
-	if h := m.c.heldIn(ctx, m.keys[0]); h != nil {
+	if m.kind == "semaphore" {
+		return nil, nil, false // permits are counted, not re-entered
+	}
+	if h := m.c.heldIn(ctx, m.keys[0], m.kind); h != nil {
+		if m.kind == "rwmutex" && !m.shared && h.shared {
+			return nil, nameErr(m.name, invalidf("Lock under a read lease of the same RWMutex would wait for itself: unlock the read lease first (no upgrades)")), true
+		}
 		l, err := h.reenter()
 		return l, err, true
 	}
@@ -156,7 +189,7 @@ func (m *Mutex) attempt(ctx context.Context, h *holding, waited bool) (*Lease, t
 		}
 	})
 	if err != nil {
-		return nil, 0, 0, scriptErr(m.keys[0], err)
+		return nil, 0, 0, m.kindErr(err)
 	}
 	r, ok := v.([]any)
 	if !ok || len(r) < 2 {
@@ -182,6 +215,20 @@ func (m *Mutex) attempt(ctx context.Context, h *holding, waited bool) (*Lease, t
 	}
 	h.activate(uint64(n), sent)
 	return &h.first, 0, 0, nil
+}
+
+// kindErr maps a script's error reply to a dlock error that names what the
+// key holds and what this call wanted it to be.
+func (m *Mutex) kindErr(err error) error {
+	e := scriptErr(m.keys[0], err)
+	switch {
+	case errors.Is(e, ErrForeignKey):
+		return fmt.Errorf("%w, not a %s", e, m.kind)
+	case strings.HasPrefix(err.Error(), "DLOCK_SIZE "):
+		return invalidf("semaphore %q is in use with size %s, not %s: every client must give it the same size",
+			m.name, strings.TrimPrefix(err.Error(), "DLOCK_SIZE "), m.sizeArg)
+	}
+	return e
 }
 
 // permanent reports errors that retrying cannot cure.
@@ -210,11 +257,17 @@ func (m *Mutex) abandon(ctx context.Context, token string, err error) {
 	c.goBg(func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.ttl, 5*time.Second))
 		defer cancel()
-		rel := releaseScript
-		if m.fair {
-			rel = fairReleaseScript
+		var v any
+		var err error
+		switch {
+		case m.sem:
+			v, err = semScript.run(rctx, c.rdb, m.keys, "l", token, c.idleArg)
+		case m.fair:
+			v, err = fairReleaseScript.run(rctx, c.rdb, m.keys, token, "", c.idleArg, m.keys[0])
+		default:
+			v, err = releaseScript.run(rctx, c.rdb, m.keys, token, "", c.idleArg, m.keys[0])
 		}
-		if v, err := rel.run(rctx, c.rdb, m.keys, token, "", c.idleArg, m.keys[0]); err == nil && v.(int64) != 0 {
+		if err == nil && v.(int64) != 0 {
 			c.cfg.logger.Debug("dlock: released an acquire whose reply was lost", "lock", m.name)
 		}
 	})

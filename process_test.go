@@ -95,7 +95,11 @@ func runChild(role string) int {
 	case "hold":
 		err = childHold(c, rdb, arg)
 	default:
-		err = fmt.Errorf("unknown role %q", role)
+		if f := familyRoles[role]; f != nil {
+			err = f(c, rdb, arg)
+		} else {
+			err = fmt.Errorf("unknown role %q", role)
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)

@@ -38,6 +38,8 @@ var (
 	fairAcquireScript = loadScript("fair_acquire")
 	fairReleaseScript = loadScript("fair_release")
 	fairLeaveScript   = loadScript("fair_leave")
+
+	semScript = loadScript("sem")
 )
 
 // scripter is what running a script needs: a client, a pipeline or a transaction.

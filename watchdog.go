@@ -198,9 +198,10 @@ func isForeign(key string, err error) bool {
 	return e != err
 }
 
-// runExtends sends one extend per holding in a pipeline, loading the script
-// once and resending if the server had lost it.
+// runExtends sends one extend per holding in a pipeline, loading the
+// scripts the server had lost and resending.
 func (c *Client) runExtends(ctx context.Context, batch []*holding) []*redis.Cmd {
+	scripts := make([]*script, len(batch))
 	send := func() []*redis.Cmd {
 		cmds := make([]*redis.Cmd, len(batch))
 		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -208,20 +209,26 @@ func (c *Client) runExtends(ctx context.Context, batch []*holding) []*redis.Cmd 
 				h.mu.Lock()
 				ttl := strconv.FormatInt(h.ttl.Milliseconds(), 10)
 				h.mu.Unlock()
-				cmds[i] = p.EvalSha(ctx, extendScript.sha, []string{h.key}, h.token, ttl)
+				s, keys, args := h.extendCall(ttl)
+				scripts[i] = s
+				cmds[i] = p.EvalSha(ctx, s.sha, keys, args...)
 			}
 			return nil
 		})
 		return cmds
 	}
 	cmds := send()
-	for _, cmd := range cmds {
-		if isNoScript(cmd.Err()) {
-			if err := c.rdb.ScriptLoad(ctx, extendScript.src).Err(); err == nil {
-				cmds = send()
+	loaded := map[*script]bool{}
+	for i, cmd := range cmds {
+		if s := scripts[i]; isNoScript(cmd.Err()) && !loaded[s] {
+			if err := c.rdb.ScriptLoad(ctx, s.src).Err(); err != nil {
+				return cmds
 			}
-			break
+			loaded[s] = true
 		}
+	}
+	if len(loaded) > 0 {
+		cmds = send()
 	}
 	return cmds
 }
