@@ -1,6 +1,7 @@
-// Package dlock provides distributed locks on Redis: a mutex whose every
-// holding is a Lease with a 128-bit owner token, a fencing token, a context
-// that ends when the lease is lost, watchdog renewal and an idempotent Unlock.
+// Package dlock provides distributed locks on Redis: a Mutex (optionally
+// Fair), an RWMutex and a weighted Semaphore, whose every holding is a Lease
+// with a 128-bit owner token, a fencing token, a context that ends when the
+// lease is lost, watchdog renewal and an idempotent Unlock.
 //
 // # What dlock guarantees
 //
@@ -29,6 +30,12 @@
 //     Redis. Every wait is bounded by the holder's remaining TTL, so a missed
 //     message or a crashed holder costs at most that TTL. Lock waits until its
 //     ctx ends; there is no retry limit.
+//   - Semaphore and RWMutex waiters, and Fair mutex waiters, wait in a line at
+//     Redis and are handed the lock (or permits) by the releasing script, in
+//     arrival order. A Semaphore never has more than its size in permits held;
+//     an RWMutex has one writer or any number of readers, and once a writer
+//     waits, later readers wait behind it. Each reader or permit holder has
+//     its own lease, so one that crashed frees only its own share, at its TTL.
 //
 // # What it does not guarantee
 //
