@@ -17,6 +17,18 @@ const fairLiveness = time.Second
 // mutexes, semaphores and RWMutexes all wait this way.
 func (m *Mutex) lockFair(ctx context.Context, h *holding) (*Lease, error) {
 	c := m.c
+	// First one look without a place in line (a free lock with nobody in
+	// line is granted; a busy one is not jumped): an uncontended Lock then
+	// costs one round trip, with no hand-over subscription.
+	l, _, _, err := m.attempt(ctx, h, false)
+	if l != nil {
+		return l, nil
+	}
+	if err != nil && (ctx.Err() != nil || permanent(err)) {
+		m.abandon(ctx, h.token, err)
+		return nil, m.fail(ctx, err)
+	}
+	h.join = "1" // the acquire has completed: its command line may change
 	q, grant := c.joinFair(m.handover, h.token)
 	defer c.leaveFair(q, h.token)
 	ready := q.ready // nil once seen closed

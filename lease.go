@@ -64,18 +64,15 @@ type holding struct {
 func validity(ttl time.Duration) time.Duration { return ttl - ttl/100 }
 
 // prepare makes the holding an acquire will fill, with the acquire command
-// line built in place (see script.do). join: take a place in line (fair and
-// semaphores); n: the permits a semaphore call asks for.
-func (m *Mutex) prepare(ctx context.Context, join bool, n string) *holding {
+// line built in place (see script.do). n: the permits a semaphore call asks
+// for. It does not take a place in line (join "0") until lockFair says so.
+func (m *Mutex) prepare(ctx context.Context, n string) *holding {
 	h := &holding{
 		c: m.c, name: m.name, key: m.keys[0], kind: m.kind, shared: m.shared, token: m.c.tokens.next(),
 		renew: m.renew, parent: ctx, ttl: m.ttl, holds: 1, idx: -1, nArg: n,
 	}
 	h.first.h = h
 	h.join = "0"
-	if join {
-		h.join = "1"
-	}
 	k := &m.keyArr
 	switch {
 	case m.sem:

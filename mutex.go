@@ -92,7 +92,7 @@ func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
 
 // try is TryLock after its checks, for n permits of a semaphore.
 func (m *Mutex) try(ctx context.Context, n string) (*Lease, error) {
-	h := m.prepare(ctx, false, n)
+	h := m.prepare(ctx, n)
 	l, _, _, err := m.attempt(ctx, h, false)
 	if err != nil {
 		m.abandon(ctx, h.token, err)
@@ -117,9 +117,9 @@ func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 		return l, err
 	}
 	if m.fair {
-		return m.lockFair(ctx, m.prepare(ctx, true, m.nArg))
+		return m.lockFair(ctx, m.prepare(ctx, m.nArg))
 	}
-	h := m.prepare(ctx, false, m.nArg)
+	h := m.prepare(ctx, m.nArg)
 	if !m.c.queued(m.keys[0]) {
 		// Nobody of ours waits for this lock: try it at once.
 		l, _, _, err := m.attempt(ctx, h, false)

@@ -35,10 +35,10 @@ type RWMutex struct {
 func (c *Client) RWMutex(name string, opts ...LockOption) *RWMutex {
 	rw := &RWMutex{}
 	c.initLock(&rw.r, name, "rwmutex", opts)
-	c.initLock(&rw.w, name, "rwmutex", opts)
+	rw.r.sizeArg = rwWriterArg
+	rw.w = rw.r // the write side shares the read side's key strings
 	rw.r.shared, rw.r.nArg = true, "1"
 	rw.w.nArg = rwWriterArg
-	rw.r.sizeArg, rw.w.sizeArg = rwWriterArg, rwWriterArg
 	return rw
 }
 

@@ -59,7 +59,7 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Lease, error) {
 	if l, err, done := s.m.start(ctx); done {
 		return l, err
 	}
-	return s.m.lockFair(ctx, s.m.prepare(ctx, true, strconv.FormatInt(n, 10)))
+	return s.m.lockFair(ctx, s.m.prepare(ctx, strconv.FormatInt(n, 10)))
 }
 
 // TryAcquire takes n permits if they are free and nobody waits in line

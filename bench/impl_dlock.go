@@ -37,18 +37,47 @@ func init() {
 		},
 		open: func(e *env) (locker, error) { return openDlock(e, dlock.Fair()) },
 	})
+	register(&impl{
+		name:  "dlock-rw",
+		order: 13,
+		settings: func(e *env) string {
+			return fmt.Sprintf("dlock's RWMutex, write side: Client.RWMutex(key, dlock.TTL(%v)).Lock(ctx) (a FIFO line at Redis, hand-over by the release script)", e.ttl)
+		},
+		open: func(e *env) (locker, error) { return openDlock(e, rwSide{}) },
+	})
+	register(&impl{
+		name:  "dlock-sem",
+		order: 14,
+		settings: func(e *env) string {
+			return fmt.Sprintf("dlock's Semaphore of size 1: Client.Semaphore(key, 1, dlock.TTL(%v)).Acquire(ctx, 1) (a FIFO line at Redis, hand-over by the release script)", e.ttl)
+		},
+		open: func(e *env) (locker, error) { return openDlock(e, semSide{}) },
+	})
 }
+
+// rwSide and semSide select the primitive an adapter locks with: they are
+// not lock options of dlock, only markers in this adapter's option list.
+type (
+	rwSide  struct{}
+	semSide struct{}
+)
 
 type dlockLocker struct {
 	c    *dlock.Client
 	opts []dlock.LockOption
+	kind any // nil: Mutex; rwSide{}: RWMutex.Lock; semSide{}: Semaphore(1).Acquire(1)
 }
 
-func openDlock(e *env, extra ...dlock.LockOption) (*dlockLocker, error) {
-	return &dlockLocker{
-		c:    dlock.New(e.rdb),
-		opts: append([]dlock.LockOption{dlock.TTL(e.ttl)}, extra...),
-	}, nil
+func openDlock(e *env, extra ...any) (*dlockLocker, error) {
+	l := &dlockLocker{c: dlock.New(e.rdb), opts: []dlock.LockOption{dlock.TTL(e.ttl)}}
+	for _, x := range extra {
+		if o, ok := x.(dlock.LockOption); ok {
+			l.opts = append(l.opts, o)
+		} else {
+			l.kind = x
+		}
+	}
+	return l, nil
 }
 
 func (l *dlockLocker) Close() error { return l.c.Close() }
@@ -56,7 +85,16 @@ func (l *dlockLocker) Close() error { return l.c.Close() }
 type dlockHeld struct{ l *dlock.Lease }
 
 func (l *dlockLocker) Lock(ctx context.Context, key string) (held, error) {
-	lease, err := l.c.Mutex(key, l.opts...).Lock(ctx)
+	var lease *dlock.Lease
+	var err error
+	switch l.kind.(type) {
+	case rwSide:
+		lease, err = l.c.RWMutex(key, l.opts...).Lock(ctx)
+	case semSide:
+		lease, err = l.c.Semaphore(key, 1, l.opts...).Acquire(ctx, 1)
+	default:
+		lease, err = l.c.Mutex(key, l.opts...).Lock(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}
