@@ -96,3 +96,49 @@ func ExampleLease_Context() {
 }
 
 func saveInvoice(ctx context.Context, fence uint64) error { return ctx.Err() }
+
+// A weighted semaphore: at most 8 GPUs in use across every process; a job
+// that needs 4 is not starved by a stream of jobs that need 1.
+func ExampleSemaphore_Acquire() {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	locks := dlock.New(rdb)
+	defer locks.Close()
+
+	ctx := context.Background()
+	gpus := locks.Semaphore("gpus", 8)
+	lease, err := gpus.Acquire(ctx, 4) // waits in line, in arrival order
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Unlock(ctx)
+	// If this process dies, its 4 permits come back when its lease runs out.
+	train(lease.Context())
+}
+
+// Readers share, a writer is alone; once a writer waits, new readers wait
+// behind it.
+func ExampleRWMutex() {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	locks := dlock.New(rdb)
+	defer locks.Close()
+
+	ctx := context.Background()
+	catalog := locks.RWMutex("catalog")
+	r, err := catalog.RLock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	readCatalog(r.Context())
+	_ = r.Unlock(ctx)
+
+	w, err := catalog.Lock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Unlock(ctx)
+	writeCatalog(w.Context(), w.Fence())
+}
+
+func train(context.Context)                {}
+func readCatalog(context.Context)          {}
+func writeCatalog(context.Context, uint64) {}
