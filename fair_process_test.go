@@ -268,6 +268,52 @@ func TestFairOrderAcrossProcesses(t *testing.T) {
 	logHandOffs(t, "across processes (Redis TIME, includes about one round trip)", d)
 }
 
+// TestFairKilledWaiterSkipped: a waiter whose process is SIGKILLed while it
+// is queued in the middle of the line never gets the lock; the waiters after
+// it still enter in arrival order, and the gap it causes stays within its
+// liveness bound (fair.go: about 1-3s).
+func TestFairKilledWaiterSkipped(t *testing.T) {
+	s := redistest.Start(t)
+	ctx := ctxT(t, 60*time.Second)
+	c, rdb := newClient(t, s)
+	// Processes 0-2 take turns; process 3 has only waiter 4, the victim.
+	const live, n, dead = 3, 9, 4
+	f := startFairProcs(t, s, rdb, live+1)
+	holder, err := c.Mutex(fairLineName, dlock.Fair()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		p := i % live
+		if i == dead {
+			p = live
+		}
+		f.join(ctx, p, i)
+	}
+	// Kill it just before the release: its place is still valid for most of
+	// a second, so the waiters ahead of it pass the lock on to it (the worst
+	// case) rather than find its place expired.
+	victim := f.cmds[live]
+	if err := victim.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = victim.Wait()
+	f.release(ctx, holder)
+	gaps := f.checkGrants(f.waitLog(ctx, n-1), dead)
+	gap := gaps[dead+1]
+	t.Logf("waiter %d entered %v after waiter %d released, past the killed waiter %d", dead+1, gap, dead-1, dead)
+	if gap > 5*time.Second {
+		t.Fatalf("the killed waiter held up the line for %v; its liveness bound is about 3s", gap)
+	}
+	var others []time.Duration
+	for pos, g := range gaps {
+		if pos != dead+1 {
+			others = append(others, g)
+		}
+	}
+	logHandOffs(t, "between live waiters in processes", others)
+}
+
 // logHandOffs logs the median and 99th percentile of hand-off latencies.
 // Speed is for benchmarks; the one bound here only catches hand-offs that
 // wait for a refresh or an expiry instead of the release.
