@@ -265,6 +265,9 @@ func TestFairOrderAcrossProcesses(t *testing.T) {
 	for _, g := range gaps {
 		d = append(d, g)
 	}
+	// Not a test of the wake-up: the waiters' refreshes are staggered in
+	// arrival order, so even without the hand-over message most would find
+	// the lock theirs within milliseconds (TestFairOrderAcrossClients sees it).
 	logHandOffs(t, "across processes (Redis TIME, includes about one round trip)", d)
 }
 
@@ -315,8 +318,10 @@ func TestFairKilledWaiterSkipped(t *testing.T) {
 }
 
 // logHandOffs logs the median and 99th percentile of hand-off latencies.
-// Speed is for benchmarks; the one bound here only catches hand-offs that
-// wait for a refresh or an expiry instead of the release.
+// Speed is for benchmarks; the one bound here, on the median and some 100
+// times what a loaded machine shows, only catches waiters that learn of the
+// hand-over at their next refresh (up to a third of a second) instead of
+// from its message.
 func logHandOffs(t *testing.T, what string, d []time.Duration) {
 	t.Helper()
 	if len(d) == 0 {
@@ -325,7 +330,7 @@ func logHandOffs(t *testing.T, what string, d []time.Duration) {
 	slices.Sort(d)
 	rank := func(p float64) time.Duration { return d[int(math.Ceil(p*float64(len(d))))-1] }
 	t.Logf("hand-off %s: n=%d p50=%v p99=%v max=%v", what, len(d), rank(0.50), rank(0.99), d[len(d)-1])
-	if p50 := rank(0.50); p50 > time.Second {
+	if p50 := rank(0.50); p50 > 100*time.Millisecond {
 		t.Fatalf("median hand-off %v: waiters are not woken by the release", p50)
 	}
 }
