@@ -83,8 +83,10 @@ func TestFairOrderAcrossClients(t *testing.T) {
 	type grant struct {
 		idx   int
 		fence uint64
+		at    time.Time // Lock returned
 	}
 	grants := make(chan grant, n)
+	unlockAt := make([]time.Time, n+1) // when each holder called Unlock; [n] is the first holder
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
 		wg.Add(1)
@@ -95,8 +97,9 @@ func TestFairOrderAcrossClients(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			grants <- grant{i, l.Fence()}
+			grants <- grant{i, l.Fence(), time.Now()}
 			time.Sleep(2 * time.Millisecond)
+			unlockAt[i] = time.Now()
 			_ = l.Unlock(ctx)
 		}(i)
 		// Arrive in order, alternating Clients: the next one starts once this
@@ -109,6 +112,7 @@ func TestFairOrderAcrossClients(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}
+	unlockAt[n] = time.Now()
 	_ = holder.Unlock(ctx)
 	wg.Wait()
 	close(grants)
@@ -124,6 +128,15 @@ func TestFairOrderAcrossClients(t *testing.T) {
 			t.Fatalf("fences not increasing: %v", order)
 		}
 	}
+	// Each hand-off, from the releaser's Unlock call to the next holder's
+	// Lock return, on this process's monotonic clock.
+	var handOffs []time.Duration
+	prev := n
+	for _, g := range order {
+		handOffs = append(handOffs, g.at.Sub(unlockAt[prev]))
+		prev = g.idx
+	}
+	logHandOffs(t, "between Clients in one process", handOffs)
 }
 
 // TestFairDeadWaiterSkipped: a waiter that stops keeping its place (killed,

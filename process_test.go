@@ -94,6 +94,8 @@ func runChild(role string) int {
 		err = childCounter(c, rdb, arg)
 	case "hold":
 		err = childHold(c, rdb, arg)
+	case "fair":
+		err = childFair(c, rdb)
 	default:
 		if f := familyRoles[role]; f != nil {
 			err = f(c, rdb, arg)
