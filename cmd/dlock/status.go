@@ -33,13 +33,17 @@ Shows what Redis holds for the lock NAME: its type, whether it is held, the
 holder's owner token, the fence (the last one granted: the holder's while
 held), the remaining TTL and who waits for it. It only reads.
 
-Types: mutex; the name of another dlock primitive (its details are not
-shown by this version); foreign (the key holds something dlock did not
-write); none (no key: the lock is free and its fence counter was reclaimed
-after the idle period, or it was never taken).
+Types: mutex; semaphore; rwmutex; another dlock primitive's name (its
+details are not shown by this version); foreign (the key holds something
+dlock did not write); none (no key: the lock is free and its fence counter
+was reclaimed after the idle period, or it was never taken).
 
 States: held; free (released: the key is kept for the idle period so that
-fences keep increasing); unknown (not a mutex).
+fences keep increasing); unknown (not a lock this version knows).
+
+A semaphore or rwmutex shows its holders (each holds its own lease; one whose
+lease ran out counts until the next lock call prunes it), and the permits held
+out of the size (semaphore) or whether readers or a writer hold it (rwmutex).
 
 TTL is the key's PTTL: while held, the lease left; when free, the time until
 the key and its counter are reclaimed. In --json, ttl_ms is -1 for a key
@@ -80,7 +84,17 @@ type lockInfo struct {
 	// PREFIX{NAME}:q), which may still count a waiter that died until it is
 	// skipped.
 	FairWaiters int64 `json:"fair_waiters"`
+	// Holders counts the holdings of a semaphore or rwmutex.
+	Holders int64 `json:"holders,omitempty"`
+	// PermitsHeld and Size: a semaphore's permits in use and its size.
+	PermitsHeld int64 `json:"permits_held,omitempty"`
+	Size        int64 `json:"size,omitempty"`
+	// Mode of a held rwmutex: "read" or "write".
+	Mode string `json:"mode,omitempty"`
 }
+
+// rwWriter is what a writer holds of an rwmutex (docs/PROTOCOL.md).
+const rwWriter = 1 << 50
 
 // inspectFlags are the flags status and list share.
 type inspectFlags struct {
@@ -183,16 +197,18 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 		pttl *redis.IntCmd
 		subs *redis.MapStringIntCmd
 		line *redis.IntCmd
+		hold *redis.IntCmd
 	}
 	cs := make([]cmds, len(keys))
 	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, k := range keys {
 			cs[i] = cmds{
 				typ:  p.Type(ctx, k),
-				hash: p.HMGet(ctx, k, "o", "f", "k"),
+				hash: p.HMGet(ctx, k, "o", "f", "k", "u", "s"),
 				pttl: redis.NewIntCmd(ctx, "pttl", k),
 				subs: p.PubSubShardNumSub(ctx, k),
 				line: p.LLen(ctx, k+":q"),
+				hold: p.ZCard(ctx, k+":h"),
 			}
 			_ = p.Process(ctx, cs[i].pttl)
 		}
@@ -213,13 +229,15 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 		}
 		info := lockInfo{Name: nameOfKey(prefix, k), Key: k, TTLMillis: c.pttl.Val(), WaitingClients: c.subs.Val()[k], FairWaiters: c.line.Val()}
 		typ := c.typ.Val()
-		var o, f, kind string
+		var o, f, kind, used, size string
 		var hasO, hasF, hasK bool
 		if typ == "hash" && c.hash.Err() == nil {
 			v := c.hash.Val()
 			o, hasO = v[0].(string)
 			f, hasF = v[1].(string)
 			kind, hasK = v[2].(string)
+			used, _ = v[3].(string)
+			size, _ = v[4].(string)
 		}
 		switch {
 		case typ == "none" || (typ == "hash" && !hasO && !hasF && !hasK && info.TTLMillis == -2):
@@ -227,6 +245,22 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 			info.Type, info.State, info.TTLMillis = "none", "free", -2
 		case typ != "hash":
 			info.Type, info.RedisType, info.State = "foreign", typ, "unknown"
+		case hasK && (kind == "semaphore" || kind == "rwmutex"):
+			info.Type, info.State = kind, "free"
+			info.Fence, _ = strconv.ParseUint(f, 10, 64)
+			info.Holders = c.hold.Val()
+			u, _ := strconv.ParseInt(used, 10, 64)
+			if u > 0 {
+				info.State = "held"
+			}
+			if kind == "semaphore" {
+				info.PermitsHeld = u
+				info.Size, _ = strconv.ParseInt(size, 10, 64)
+			} else if u >= rwWriter {
+				info.Mode = "write"
+			} else if u > 0 {
+				info.Mode = "read"
+			}
 		case hasK:
 			info.Type, info.State = kind, "unknown"
 			info.Fence, _ = strconv.ParseUint(f, 10, 64)
@@ -272,6 +306,14 @@ func writeStatus(w io.Writer, i lockInfo) {
 	}
 	if i.Fence != 0 {
 		fmt.Fprintf(tw, "fence\t%d\n", i.Fence)
+	}
+	switch {
+	case i.Type == "semaphore":
+		fmt.Fprintf(tw, "permits\t%d of %d held by %d holder(s)\n", i.PermitsHeld, i.Size, i.Holders)
+	case i.Type == "rwmutex" && i.Mode == "write":
+		fmt.Fprintf(tw, "holders\ta writer\n")
+	case i.Type == "rwmutex":
+		fmt.Fprintf(tw, "holders\t%d reader(s)\n", i.Holders)
 	}
 	if i.Type != "none" {
 		ttl := formatTTL(i.TTLMillis)

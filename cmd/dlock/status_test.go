@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
 )
 
@@ -79,5 +80,54 @@ func TestList(t *testing.T) {
 	code, out, errOut := runDlock(t, s.Addr(), "list")
 	if code != 0 || !strings.Contains(out, "NAME") || !strings.Contains(out, token) || !strings.Contains(out, "foreign:string") {
 		t.Errorf("list (table): exit %d, stderr %q, output:\n%s", code, errOut, out)
+	}
+}
+
+// status and list show a semaphore's permits and an rwmutex's readers or
+// writer, read from the keys of docs/PROTOCOL.md.
+func TestStatusSemaphoreAndRWMutex(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	ctx := t.Context()
+	c := dlock.New(s.Client(t))
+	defer c.Close()
+	for _, n := range []int64{2, 1} {
+		if _, err := c.Semaphore("pool", 5).Acquire(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := c.RWMutex("doc").RLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := c.RWMutex("cfg").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	infos, _ := listJSON(t, s.Addr())
+	if names(infos) != "cfg,doc,pool" {
+		t.Fatalf("list: %s (the holder and line keys must not show as locks)", names(infos))
+	}
+	cfg, doc, pool := infos[0], infos[1], infos[2]
+	if pool.Type != "semaphore" || pool.State != "held" || pool.PermitsHeld != 3 || pool.Size != 5 || pool.Holders != 2 || pool.Fence == 0 {
+		t.Errorf("semaphore: %+v", pool)
+	}
+	if doc.Type != "rwmutex" || doc.State != "held" || doc.Mode != "read" || doc.Holders != 2 {
+		t.Errorf("read-held rwmutex: %+v", doc)
+	}
+	if cfg.Type != "rwmutex" || cfg.State != "held" || cfg.Mode != "write" || cfg.Fence != w.Fence() {
+		t.Errorf("write-held rwmutex: %+v", cfg)
+	}
+	code, out, errOut := runDlock(t, s.Addr(), "status", "pool")
+	if code != 0 || !strings.Contains(out, "3 of 5 held by 2 holder(s)") {
+		t.Fatalf("status pool: exit %d\n%s%s", code, out, errOut)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = runDlock(t, s.Addr(), "status", "cfg")
+	if code != 0 || !strings.Contains(out, "free") || strings.Contains(out, "writer") {
+		t.Fatalf("status of a released rwmutex: exit %d\n%s", code, out)
 	}
 }
