@@ -464,3 +464,45 @@ func TestPrimitiveKindsDoNotMix(t *testing.T) {
 		}
 	}
 }
+
+// TestSemaphoreReleaseRetry (fault 17 for permits): an Unlock whose reply
+// was lost (the server froze after receiving it) is retried; the retry finds
+// the holding gone, before its deadline, and reports success, not a loss.
+// A holding that really was lost (pruned after its TTL) still says ErrLockLost.
+func TestSemaphoreReleaseRetry(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	sem := c.Semaphore("retry", 2)
+	l, err := sem.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Pause()
+	uctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	err = l.Unlock(uctx)
+	cancel()
+	s.Resume()
+	if err == nil || errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Unlock against a frozen server: %v, want an unknown outcome", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for rdb.HGet(ctx, "dlock:{retry}", "u").Val() != "0" {
+		if time.Now().After(deadline) {
+			t.Fatal("the release sent before the freeze never ran")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("retried Unlock after a release that went through: %v, want nil", err)
+	}
+
+	lost, err := c.Semaphore("retry", 2, dlock.TTL(300*time.Millisecond), dlock.NoRenew()).Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if err := lost.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Unlock after the TTL: %v, want ErrLockLost", err)
+	}
+}
