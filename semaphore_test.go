@@ -506,3 +506,40 @@ func TestSemaphoreReleaseRetry(t *testing.T) {
 		t.Fatalf("Unlock after the TTL: %v, want ErrLockLost", err)
 	}
 }
+
+// TestSemaphoreAcquireReplyLost (fault 4 for permits): an Acquire applied
+// at Redis after its ctx ended is not reported as success, and its permits
+// come back at once, not after their TTL.
+func TestSemaphoreAcquireReplyLost(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	sem := c.Semaphore("lost-reply", 2, dlock.TTL(5*time.Second))
+	if l, err := sem.TryAcquire(ctx, 1); err != nil { // warm up (loads the script)
+		t.Fatal(err)
+	} else {
+		_ = l.Unlock(ctx)
+	}
+	for _, try := range []bool{true, false} {
+		go s.Do(t, "DEBUG", "SLEEP", "0.5")
+		time.Sleep(50 * time.Millisecond)
+		tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		var err error
+		if try {
+			_, err = sem.TryAcquire(tctx, 2)
+		} else {
+			_, err = sem.Acquire(tctx, 2)
+		}
+		cancel()
+		if err == nil {
+			t.Fatal("reported success with its reply lost")
+		}
+		deadline := time.Now().Add(2 * time.Second)
+		for rdb.HGet(ctx, "dlock:{lost-reply}", "u").Val() != "0" {
+			if time.Now().After(deadline) {
+				t.Fatalf("TryAcquire=%v: permits still held 2s after a lost reply", try)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
