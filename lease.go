@@ -66,21 +66,30 @@ func (m *Mutex) prepare(ctx context.Context, join bool) *holding {
 		ttl: m.ttl, holds: 1, idx: -1,
 	}
 	h.first.h = h
+	line, waiters := &m.keyArr[1], &m.keyArr[2]
+	// Every release hands the lock to the first live waiter in line.
+	h.relScript = releaseScript
+	h.relLen = copy(h.rel[:], []any{"evalsha", &releaseScript.sha, "3", m.keyAny, line, waiters, &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
 	if !m.fair {
-		h.acqScript, h.relScript = acquireScript, releaseScript
+		h.acqScript = acquireScript
 		h.acqLen = copy(h.acq[:], []any{"evalsha", &acquireScript.sha, "1", m.keyAny, &h.token, &m.ttlArg})
-		h.relLen = copy(h.rel[:], []any{"evalsha", &releaseScript.sha, "1", m.keyAny, &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
 		return h
 	}
 	h.join = "0"
 	if join {
 		h.join = "1"
 	}
-	line, waiters := &m.keyArr[1], &m.keyArr[2]
-	h.acqScript, h.relScript = fairAcquireScript, fairReleaseScript
+	h.acqScript = fairAcquireScript
 	h.acqLen = copy(h.acq[:], []any{"evalsha", &fairAcquireScript.sha, "3", m.keyAny, line, waiters, &h.token, &m.ttlArg, &m.c.liveArg, &h.join, &m.handover})
-	h.relLen = copy(h.rel[:], []any{"evalsha", &fairReleaseScript.sha, "3", m.keyAny, line, waiters, &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
 	return h
+}
+
+// joinLine makes h's acquire take (or keep) a place in the lock's line when
+// the lock is held: a default-mode waiter at the head of its Client's queue
+// is then handed the lock by the release (see acquire.lua). Only between
+// attempts: a command line is never changed while it may be in flight.
+func (m *Mutex) joinLine(h *holding) {
+	h.acqLen = copy(h.acq[:], []any{"evalsha", &acquireScript.sha, "3", m.keyAny, &m.keyArr[1], &m.keyArr[2], &h.token, &m.ttlArg, &m.c.liveArg, &m.handover})
 }
 
 // activate makes h a held lock, granted fence by an acquire sent at sent.
@@ -363,7 +372,10 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	}
 	switch v.(int64) {
 	case 1, 2, 3:
-		h.c.wakeLocal(h)
+		if v.(int64) != 3 {
+			// Freed (not handed over): our own head may take it.
+			h.c.wakeLocal(h)
+		}
 		if st == stateLost {
 			return l.finish(nameErr(h.name, cause))
 		}

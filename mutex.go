@@ -14,14 +14,14 @@ import (
 type Mutex struct {
 	c        *Client
 	name     string
-	keys     []string  // the lock key (and, when fair, its line and waiters), shared by every call
+	keys     []string  // the lock key, its line and its waiters, shared by every call
 	keyArr   [3]string // backs keys
 	keyAny   any       // &keyArr[0], for prepared command lines
 	ttl      time.Duration
 	ttlArg   string
 	renew    bool
 	fair     bool
-	handover string // fair: this Client's hand-over channel for the lock
+	handover string // this Client's hand-over channel for the lock
 	err      error  // invalid name or option, reported by every call
 }
 
@@ -35,13 +35,8 @@ func (c *Client) Mutex(name string, opts ...LockOption) *Mutex {
 		o(&cfg)
 	}
 	m := &Mutex{c: c, name: name, ttl: cfg.ttl, renew: !cfg.noRenew, fair: cfg.fair}
-	m.keyArr[0] = c.key(name)
-	m.keys, m.keyAny = m.keyArr[:1], &m.keyArr[0]
-	if cfg.fair {
-		m.keyArr[1], m.keyArr[2] = m.keyArr[0]+":q", m.keyArr[0]+":w"
-		m.keys = m.keyArr[:]
-		m.handover = m.keyArr[0] + ":c:" + c.id
-	}
+	m.keyArr[0], m.keyArr[1], m.keyArr[2], m.handover = c.lockKeys(name)
+	m.keys, m.keyAny = m.keyArr[:], &m.keyArr[0]
 	if cfg.ttl == DefaultTTL {
 		m.ttlArg = c.ttlArg
 	} else {
@@ -80,7 +75,8 @@ func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
 // Lock waits until it holds the lock or ctx ends; then it returns an error
 // that errors.Is ctx.Err(). There is no retry limit and no polling: it is woken
 // by the holder's release (or by the holder's TTL running out). Waiters of
-// one Client are served in arrival order.
+// one Client are served in arrival order; the first of them waits in the
+// lock's line at Redis and is handed the lock by the release.
 //
 // Reentrancy: if ctx descends from the Context of a Lease of this lock on this
 // Client, Lock returns a new Lease on the same holding at once (a hold count).
@@ -210,22 +206,21 @@ func (m *Mutex) abandon(ctx context.Context, token string, err error) {
 	c.goBg(func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.ttl, 5*time.Second))
 		defer cancel()
-		rel := releaseScript
-		if m.fair {
-			rel = fairReleaseScript
-		}
-		if v, err := rel.run(rctx, c.rdb, m.keys, token, "", c.idleArg, m.keys[0]); err == nil && v.(int64) != 0 {
+		if v, err := releaseScript.run(rctx, c.rdb, m.keys, token, "", c.idleArg, m.keys[0]); err == nil && v.(int64) != 0 {
 			c.cfg.logger.Debug("dlock: released an acquire whose reply was lost", "lock", m.name)
 		}
 	})
 }
 
-// wait queues behind this Client's earlier waiters for the lock, then
-// contends at Redis, sleeping until a release is published or the holder's
-// TTL runs out.
+// wait queues behind this Client's earlier waiters for the lock. At the head
+// of that queue it takes a place in the lock's line at Redis, so that a
+// release hands the lock straight to it (one head per Client: the lock goes
+// round the Clients in turn, and each serves its own waiters in order). It
+// sleeps until handed the lock, a free-lock release is published, or the
+// holder's TTL runs out, refreshing its place meanwhile.
 func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 	c := m.c
-	q, w := c.enqueue(m.keys[0])
+	q, w := c.enqueue(m.keys[0], m.handover)
 	defer c.dequeue(q, w)
 	select {
 	case <-w.turn:
@@ -234,29 +229,35 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 	case <-c.bg.Done():
 		return nil, nameErr(m.name, ErrClosed)
 	}
+	grant := c.expectGrant(h.token)
+	defer c.forgetGrant(h.token)
 	timer := time.NewTimer(time.Second)
 	defer timer.Stop()
-	// The subscription must be live before we look at the lock, or a release
-	// between our attempt and the subscription would go unheard until the TTL.
-	// If it cannot be confirmed soon we go on, bounded by the TTL as ever.
-	select {
-	case <-q.ready:
-	case <-timer.C:
-	case <-ctx.Done():
-		return nil, m.fail(ctx, ctx.Err())
-	case <-c.bg.Done():
-		return nil, nameErr(m.name, ErrClosed)
+	// The subscriptions must be live before we look at the lock, or a
+	// release (or hand-over) between our attempt and the subscription would
+	// go unheard until the TTL (or our next refresh). If they cannot be
+	// confirmed soon we go on, bounded by the TTL as ever.
+	for _, ready := range [2]chan struct{}{q.ready, q.hand.ready} {
+		select {
+		case <-ready:
+		case <-timer.C:
+		case <-ctx.Done():
+			return nil, m.fail(ctx, ctx.Err())
+		case <-c.bg.Done():
+			return nil, nameErr(m.name, ErrClosed)
+		}
 	}
+	m.joinLine(h)
 	backoff := time.Millisecond
 	for {
+		sent := time.Now()
 		l, left, seen, err := m.attempt(ctx, h, true)
 		if l != nil {
 			return l, nil
 		}
 		if err != nil {
 			if ctx.Err() != nil || permanent(err) {
-				m.abandon(ctx, h.token, err)
-				return nil, m.fail(ctx, err)
+				return nil, m.giveUp(ctx, h, err)
 			}
 			// Unknown outcome or unreachable server: retry with the same
 			// token (an applied acquire is then recognised as ours).
@@ -268,27 +269,28 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 		}
 		// seen is the fence of the holder we wait for: a published release
 		// of an older fence is stale and does not send us to Redis again.
-		// (Every head asks Redis, even while a waiter of ours holds the lock:
-		// waiting for that local release instead let processes keep a hot
-		// lock in streaks, 40x the FIFO bound; bench/ -scenario hotkey.)
+		// Look again when the holder's lease runs out, and keep our place
+		// in line alive.
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
 			default:
 			}
 		}
-		timer.Reset(max(left, time.Millisecond))
+		timer.Reset(max(min(left, fairLiveness/3), time.Millisecond))
 	sleep:
 		select {
+		case f := <-grant:
+			return m.granted(ctx, h, f, sent)
 		case <-q.notify:
 			if !c.released(q, seen) {
 				goto sleep
 			}
 		case <-timer.C:
 		case <-ctx.Done():
-			return nil, m.fail(ctx, ctx.Err())
+			return nil, m.giveUp(ctx, h, ctx.Err())
 		case <-c.bg.Done():
-			return nil, nameErr(m.name, ErrClosed)
+			return nil, m.giveUp(ctx, h, ErrClosed)
 		}
 	}
 }

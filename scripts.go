@@ -36,7 +36,6 @@ var (
 	pttlScript    = loadScript("pttl")
 
 	fairAcquireScript = loadScript("fair_acquire")
-	fairReleaseScript = loadScript("fair_release")
 	fairLeaveScript   = loadScript("fair_leave")
 )
 
