@@ -361,7 +361,13 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	if st == stateHeld {
 		h.end(stateReleased, context.Canceled)
 	}
-	v, err := h.c.evalArgs(ctx, h.relScript, h.rel[:h.relLen], h.contended, nil)
+	var v any
+	var err error
+	if h.contended {
+		v, err = h.c.releaseHandingOver(ctx, h)
+	} else {
+		v, err = h.c.evalArgs(ctx, h.relScript, h.rel[:h.relLen], false, nil)
+	}
 	if err != nil {
 		if errors.Is(scriptErr(h.key, err), ErrForeignKey) {
 			return l.finish(nameErr(h.name, fmt.Errorf("%w: %w", ErrLockLost, scriptErr(h.key, err))))

@@ -291,7 +291,7 @@ func (c *Client) receiver(ps *redis.PubSub) {
 	}
 }
 
-// handedOver delivers a Fair hand-over ("g FENCE TOKEN") to its waiter.
+// handedOver delivers a hand-over ("g FENCE TOKEN") to its waiter.
 func (c *Client) handedOver(payload string) {
 	fs, token, ok := strings.Cut(payload[2:], " ")
 	f, err := strconv.ParseUint(fs, 10, 64)
