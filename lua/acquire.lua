@@ -1,7 +1,8 @@
 -- acquire.lua: take a mutex if it is free, in one round trip; a waiter that
 -- finds it held may take (or keep alive) a place in its line, so that the
 -- release hands the lock straight to it (see release.lua).
--- KEYS[1]  the lock hash: o = owner token, f = last fence; its PEXPIRE is the lease
+-- KEYS[1]  the lock hash: o = owner token, f = last fence, w = someone may be
+--          in line (see release.lua); its PEXPIRE is the lease
 -- KEYS[2]  the line, KEYS[3] the waiters, as for fair_acquire.lua; optional:
 --          with KEYS[1] alone no place is taken
 -- ARGV[1]  owner token (128-bit random, base64url)
@@ -30,6 +31,7 @@ if h[1] then
       end
       redis.call('PEXPIRE', line, 2 * live)
       redis.call('PEXPIRE', waiters, 2 * live)
+      redis.call('HSET', key, 'w', '1') -- the release must look at the line
     end
     return {0, redis.call('PTTL', key), tonumber(h[2])}
   end
@@ -42,6 +44,7 @@ end
 -- between clients; Fair() callers use fair_acquire.lua).
 if KEYS[3] and redis.call('HDEL', KEYS[3], token) == 1 then
   redis.call('LREM', KEYS[2], 1, token)
+  if redis.call('LLEN', KEYS[2]) > 0 then redis.call('HSET', key, 'w', '1') end
 end
 -- Fences never go backwards: one more than the last, and never below the
 -- server clock in microseconds, so a counter that expired with its lock,

@@ -1,7 +1,8 @@
 -- release.lua: give a mutex up if this token still owns it: hand it straight
 -- to the first live waiter in its line and tell that waiter so, or, with
 -- nobody alive in line, free it and wake waiters.
--- KEYS[1]  the lock hash (o, f; p = the fence of the holder that last handed it over)
+-- KEYS[1]  the lock hash (o, f; p = the fence of the holder that last handed
+--          it over; w = someone may be in line: only then is the line looked at)
 -- KEYS[2]  the line, KEYS[3] the waiters (see acquire.lua, fair_acquire.lua);
 --          optional: with KEYS[1] alone the lock is freed without a hand-over
 -- ARGV[1]  owner token
@@ -16,7 +17,7 @@
 --          2  already released or handed over by this same holding (a retry)
 --          0  not the owner: the lease was lost (expired, taken, or deleted)
 local key, token = KEYS[1], ARGV[1]
-local h = redis.call('HMGET', key, 'o', 'f', 'p')
+local h = redis.call('HMGET', key, 'o', 'f', 'p', 'w')
 if h[1] ~= token then
   -- The fence changes only with a new grant: no owner and our fence means
   -- nobody took the lock after us, so our earlier release went through; p
@@ -24,7 +25,7 @@ if h[1] ~= token then
   if (not h[1] and h[2] == ARGV[2]) or h[3] == ARGV[2] then return 2 end
   return 0
 end
-if KEYS[3] then
+if KEYS[3] and h[4] then
   local line, waiters = KEYS[2], KEYS[3]
   local w = redis.call('LPOP', line)
   local t, now
@@ -52,7 +53,7 @@ if KEYS[3] then
     w = redis.call('LPOP', line)
   end
 end
-redis.call('HDEL', key, 'o')
+redis.call('HDEL', key, 'o', 'w')
 redis.call('PEXPIRE', key, ARGV[3])
 redis.call('SPUBLISH', ARGV[4], ARGV[2])
 return 1
