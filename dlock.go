@@ -24,12 +24,14 @@
 //     expiries and even restarts that lost the key, as long as the server
 //     clock does not step backwards. A held lock costs Redis one small hash
 //     (about 185 bytes; see TestMemoryPerLock).
-//   - Waiting is notified, not polled: Unlock publishes on the lock's sharded
-//     pub/sub channel, waiters of one Client share one subscription and queue
-//     locally in arrival order, and only the head of that queue contends at
-//     Redis. Every wait is bounded by the holder's remaining TTL, so a missed
-//     message or a crashed holder costs at most that TTL. Lock waits until its
-//     ctx ends; there is no retry limit.
+//   - Waiting is notified, not polled: waiters of one Client share one
+//     subscription and queue locally in arrival order, and only the head of
+//     that queue contends at Redis, where it takes a place in the lock's line;
+//     Unlock hands the lock straight to the first live waiter in that line and
+//     tells its Client alone, or, with nobody in line, publishes on the lock's
+//     sharded pub/sub channel. Every wait is bounded by the holder's remaining
+//     TTL, so a missed message or a crashed holder costs at most that TTL.
+//     Lock waits until its ctx ends; there is no retry limit.
 //   - Semaphore and RWMutex waiters, and Fair mutex waiters, wait in a line at
 //     Redis and are handed the lock (or permits) by the releasing script, in
 //     arrival order. A Semaphore never has more than its size in permits held;
@@ -73,7 +75,7 @@ type Client struct {
 	ctxAware bool                 // rdb bounds I/O by ctx deadlines itself
 	ttlArg   string               // DefaultTTL in ms, formatted once
 	liveArg  string               // fairLiveness in ms, formatted once
-	id       string               // random, names this Client's Fair hand-over channels
+	id       string               // random, names this Client's hand-over channels
 	inflight atomic.Int64         // lock-path scripts awaiting Redis
 	cfg      clientConfig
 	idleArg  string // idle period in ms, formatted once
@@ -88,7 +90,7 @@ type Client struct {
 
 	mu     sync.Mutex             // guards queues and hub
 	queues map[string]*queue      // local waiters per lock key
-	grants map[string]chan uint64 // Fair waiters by token: the fence they were handed
+	grants map[string]chan uint64 // waiters in line at Redis by token: the fence they were handed
 	hub    wakeHub
 }
 
@@ -203,10 +205,18 @@ func (g *goroutines) wait() {
 	<-idle
 }
 
-// key maps a lock name to its Redis key. The braces make the name the hash
-// tag, so every key and channel of one lock lives in one Cluster slot.
-func (c *Client) key(name string) string {
-	return c.cfg.prefix + "{" + name + "}"
+// lockKeys maps a lock name to its Redis key PREFIX{NAME}, its line and
+// waiters keys, and this Client's hand-over channel for it. The braces make
+// the name the hash tag, so every key and channel of one lock lives in one
+// Cluster slot. All four are cut from one string: a Mutex made per call
+// costs one allocation for them.
+func (c *Client) lockKeys(name string) (key, line, waiters, handover string) {
+	k := len(c.cfg.prefix) + len(name) + 2
+	all := c.cfg.prefix + "{" + name + "}:q" + c.cfg.prefix + "{" + name + "}:w" + c.cfg.prefix + "{" + name + "}:c:" + c.id
+	key, line = all[:k], all[:k+2]
+	waiters = all[k+2 : 2*k+4]
+	handover = all[2*k+4:]
+	return
 }
 
 func validName(name string) error {

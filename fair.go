@@ -71,7 +71,7 @@ func (m *Mutex) lockFair(ctx context.Context, h *holding) (*Lease, error) {
 				return m.granted(ctx, h, f, sent)
 			case <-ready:
 				subscribed, ready, waiting = true, nil, false
-			case <-q.notify: // a release by a default-mode holder
+			case <-q.notify: // the subscription was interrupted: look
 				waiting = false
 			case <-timer.C:
 				waiting = false
@@ -151,14 +151,14 @@ func isClosed(ch chan struct{}) bool {
 // joinFair registers a Fair waiter: its token gets the hand-over message,
 // and this Client's hand-over channel for the lock is subscribed while it
 // waits. (Not the lock's own channel: a hand-over wakes only the Client it
-// concerns. A release by a default-mode holder is therefore seen at the
-// waiter's next refresh, within a third of a second.)
+// concerns. A lock freed with nobody alive in line, e.g. by expiry, is seen
+// at the waiter's next refresh, within a third of a second.)
 func (c *Client) joinFair(channel, token string) (*queue, chan uint64) {
 	ch := make(chan uint64, 1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	q := c.queueFor(channel)
-	q.fair++
+	q.users++
 	c.grants[token] = ch
 	return q, ch
 }
@@ -167,6 +167,21 @@ func (c *Client) leaveFair(q *queue, token string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.grants, token)
-	q.fair--
+	q.users--
 	c.dropIfIdle(q)
+}
+
+// expectGrant registers a waiter's token for the hand-over message.
+func (c *Client) expectGrant(token string) chan uint64 {
+	ch := make(chan uint64, 1)
+	c.mu.Lock()
+	c.grants[token] = ch
+	c.mu.Unlock()
+	return ch
+}
+
+func (c *Client) forgetGrant(token string) {
+	c.mu.Lock()
+	delete(c.grants, token)
+	c.mu.Unlock()
 }

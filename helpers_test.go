@@ -79,3 +79,15 @@ func contend(t *testing.T, ctx context.Context, rdb *redis.Client, workers, each
 		t.Fatalf("%d holders inside at once", n)
 	}
 }
+
+// waitLine waits until the line of the lock key has n waiters.
+func waitLine(t *testing.T, ctx context.Context, rdb *redis.Client, key string, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for rdb.LLen(ctx, key+":q").Val() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("line of %s: %d waiters, want %d", key, rdb.LLen(ctx, key+":q").Val(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -74,24 +74,34 @@ func (m *Mutex) prepare(ctx context.Context, n string) *holding {
 	h.first.h = h
 	h.join = "0"
 	k := &m.keyArr
-	switch {
-	case m.sem:
+	if m.sem {
 		h.semKeys = m.keys
 		h.acqScript, h.relScript = semScript, semScript
 		h.acqLen = copy(h.acq[:], []any{"evalsha", &semScript.sha, "5", m.keyAny, &k[1], &k[2], &k[3], &k[4],
 			"a", &h.token, &m.ttlArg, &m.c.liveArg, &h.join, &m.handover, &h.nArg, &m.sizeArg, &m.kind, &m.c.idleArg})
 		h.relLen = copy(h.rel[:], []any{"evalsha", &semScript.sha, "5", m.keyAny, &k[1], &k[2], &k[3], &k[4],
 			"r", &h.token, &m.c.idleArg})
-	case m.fair:
-		h.acqScript, h.relScript = fairAcquireScript, fairReleaseScript
-		h.acqLen = copy(h.acq[:], []any{"evalsha", &fairAcquireScript.sha, "3", m.keyAny, &k[1], &k[2], &h.token, &m.ttlArg, &m.c.liveArg, &h.join, &m.handover})
-		h.relLen = copy(h.rel[:], []any{"evalsha", &fairReleaseScript.sha, "3", m.keyAny, &k[1], &k[2], &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
-	default:
-		h.acqScript, h.relScript = acquireScript, releaseScript
-		h.acqLen = copy(h.acq[:], []any{"evalsha", &acquireScript.sha, "1", m.keyAny, &h.token, &m.ttlArg})
-		h.relLen = copy(h.rel[:], []any{"evalsha", &releaseScript.sha, "1", m.keyAny, &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
+		return h
 	}
+	// Every release hands the lock to the first live waiter in line.
+	h.relScript = releaseScript
+	h.relLen = copy(h.rel[:], []any{"evalsha", &releaseScript.sha, "3", m.keyAny, &k[1], &k[2], &h.token, &h.fenceStr, &m.c.idleArg, m.keyAny})
+	if !m.fair {
+		h.acqScript = acquireScript
+		h.acqLen = copy(h.acq[:], []any{"evalsha", &acquireScript.sha, "1", m.keyAny, &h.token, &m.ttlArg})
+		return h
+	}
+	h.acqScript = fairAcquireScript
+	h.acqLen = copy(h.acq[:], []any{"evalsha", &fairAcquireScript.sha, "3", m.keyAny, &k[1], &k[2], &h.token, &m.ttlArg, &m.c.liveArg, &h.join, &m.handover})
 	return h
+}
+
+// joinLine makes h's acquire take (or keep) a place in the lock's line when
+// the lock is held: a default-mode waiter at the head of its Client's queue
+// is then handed the lock by the release (see acquire.lua). Only between
+// attempts: a command line is never changed while it may be in flight.
+func (m *Mutex) joinLine(h *holding) {
+	h.acqLen = copy(h.acq[:], []any{"evalsha", &acquireScript.sha, "3", m.keyAny, &m.keyArr[1], &m.keyArr[2], &h.token, &m.ttlArg, &m.c.liveArg, &m.handover})
 }
 
 // extendCall is the script call that sets h's lease to ttl ms from now.
@@ -381,7 +391,13 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	if st == stateHeld {
 		h.end(stateReleased, context.Canceled)
 	}
-	v, err := h.c.evalArgs(ctx, h.relScript, h.rel[:h.relLen], h.contended, nil)
+	var v any
+	var err error
+	if h.contended {
+		v, err = h.c.releaseHandingOver(ctx, h)
+	} else {
+		v, err = h.c.evalArgs(ctx, h.relScript, h.rel[:h.relLen], false, nil)
+	}
 	if err != nil {
 		if errors.Is(scriptErr(h.key, err), ErrForeignKey) {
 			return l.finish(nameErr(h.name, fmt.Errorf("%w: %w", ErrLockLost, scriptErr(h.key, err))))
@@ -402,7 +418,10 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	}
 	switch v.(int64) {
 	case 1, 2, 3:
-		h.c.wakeLocal(h)
+		if v.(int64) != 3 {
+			// Freed (not handed over): our own head may take it.
+			h.c.wakeLocal(h)
+		}
 		if st == stateLost {
 			return l.finish(nameErr(h.name, cause))
 		}

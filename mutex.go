@@ -16,7 +16,7 @@ type Mutex struct {
 	c        *Client
 	name     string
 	kind     string    // what the name is used as: "mutex", "semaphore" or "rwmutex"
-	keys     []string  // the lock key (and, when fair or a semaphore, the others), shared by every call
+	keys     []string  // the lock key, its line and its waiters (a semaphore's five keys), shared by every call
 	keyArr   [5]string // backs keys
 	keyAny   any       // &keyArr[0], for prepared command lines
 	ttl      time.Duration
@@ -27,7 +27,7 @@ type Mutex struct {
 	shared   bool   // the read side of an RWMutex
 	nArg     string // sem: the permits every call of this lock takes ("" if per call)
 	sizeArg  string // sem: the size
-	handover string // fair: this Client's hand-over channel for the lock
+	handover string // this Client's hand-over channel for the lock
 	err      error  // invalid name or option, reported by every call
 }
 
@@ -51,19 +51,13 @@ func (c *Client) initLock(m *Mutex, name, kind string, opts []LockOption) {
 	m.c, m.name, m.kind, m.ttl, m.renew = c, name, kind, cfg.ttl, !cfg.noRenew
 	m.fair = cfg.fair || kind != "mutex"
 	m.sem = kind != "mutex"
-	m.keyArr[0] = c.key(name)
-	m.keys, m.keyAny = m.keyArr[:1], &m.keyArr[0]
-	switch {
-	case m.sem:
+	m.keyArr[0], m.keyArr[1], m.keyArr[2], m.handover = c.lockKeys(name)
+	m.keys, m.keyAny = m.keyArr[:3], &m.keyArr[0]
+	if m.sem {
+		// sem.lua's keys: the hash, holders, holdings, line, waiters.
+		m.keyArr[3], m.keyArr[4] = m.keyArr[1], m.keyArr[2]
 		m.keyArr[1], m.keyArr[2] = m.keyArr[0]+":h", m.keyArr[0]+":hn"
-		m.keyArr[3], m.keyArr[4] = m.keyArr[0]+":q", m.keyArr[0]+":w"
 		m.keys = m.keyArr[:5]
-	case m.fair:
-		m.keyArr[1], m.keyArr[2] = m.keyArr[0]+":q", m.keyArr[0]+":w"
-		m.keys = m.keyArr[:3]
-	}
-	if m.fair {
-		m.handover = m.keyArr[0] + ":c:" + c.id
 	}
 	if cfg.ttl == DefaultTTL {
 		m.ttlArg = c.ttlArg
@@ -107,7 +101,8 @@ func (m *Mutex) try(ctx context.Context, n string) (*Lease, error) {
 // Lock waits until it holds the lock or ctx ends; then it returns an error
 // that errors.Is ctx.Err(). There is no retry limit and no polling: it is woken
 // by the holder's release (or by the holder's TTL running out). Waiters of
-// one Client are served in arrival order.
+// one Client are served in arrival order; the first of them waits in the
+// lock's line at Redis and is handed the lock by the release.
 //
 // Reentrancy: if ctx descends from the Context of a Lease of this lock on this
 // Client, Lock returns a new Lease on the same holding at once (a hold count).
@@ -259,12 +254,9 @@ func (m *Mutex) abandon(ctx context.Context, token string, err error) {
 		defer cancel()
 		var v any
 		var err error
-		switch {
-		case m.sem:
+		if m.sem {
 			v, err = semScript.run(rctx, c.rdb, m.keys, "l", token, c.idleArg)
-		case m.fair:
-			v, err = fairReleaseScript.run(rctx, c.rdb, m.keys, token, "", c.idleArg, m.keys[0])
-		default:
+		} else {
 			v, err = releaseScript.run(rctx, c.rdb, m.keys, token, "", c.idleArg, m.keys[0])
 		}
 		if err == nil && v.(int64) != 0 {
@@ -273,12 +265,15 @@ func (m *Mutex) abandon(ctx context.Context, token string, err error) {
 	})
 }
 
-// wait queues behind this Client's earlier waiters for the lock, then
-// contends at Redis, sleeping until a release is published or the holder's
-// TTL runs out.
+// wait queues behind this Client's earlier waiters for the lock. At the head
+// of that queue it takes a place in the lock's line at Redis, so that a
+// release hands the lock straight to it (one head per Client: the lock goes
+// round the Clients in turn, and each serves its own waiters in order). It
+// sleeps until handed the lock, a free-lock release is published, or the
+// holder's TTL runs out, refreshing its place meanwhile.
 func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 	c := m.c
-	q, w := c.enqueue(m.keys[0])
+	q, w := c.enqueue(m.keys[0], m.handover)
 	defer c.dequeue(q, w)
 	select {
 	case <-w.turn:
@@ -287,29 +282,35 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 	case <-c.bg.Done():
 		return nil, nameErr(m.name, ErrClosed)
 	}
+	grant := c.expectGrant(h.token)
+	defer c.forgetGrant(h.token)
 	timer := time.NewTimer(time.Second)
 	defer timer.Stop()
-	// The subscription must be live before we look at the lock, or a release
-	// between our attempt and the subscription would go unheard until the TTL.
-	// If it cannot be confirmed soon we go on, bounded by the TTL as ever.
-	select {
-	case <-q.ready:
-	case <-timer.C:
-	case <-ctx.Done():
-		return nil, m.fail(ctx, ctx.Err())
-	case <-c.bg.Done():
-		return nil, nameErr(m.name, ErrClosed)
+	// The subscriptions must be live before we look at the lock, or a
+	// release (or hand-over) between our attempt and the subscription would
+	// go unheard until the TTL (or our next refresh). If they cannot be
+	// confirmed soon we go on, bounded by the TTL as ever.
+	for _, ready := range [2]chan struct{}{q.ready, q.hand.ready} {
+		select {
+		case <-ready:
+		case <-timer.C:
+		case <-ctx.Done():
+			return nil, m.fail(ctx, ctx.Err())
+		case <-c.bg.Done():
+			return nil, nameErr(m.name, ErrClosed)
+		}
 	}
+	m.joinLine(h)
 	backoff := time.Millisecond
 	for {
+		sent := time.Now()
 		l, left, seen, err := m.attempt(ctx, h, true)
 		if l != nil {
 			return l, nil
 		}
 		if err != nil {
 			if ctx.Err() != nil || permanent(err) {
-				m.abandon(ctx, h.token, err)
-				return nil, m.fail(ctx, err)
+				return nil, m.giveUp(ctx, h, err)
 			}
 			// Unknown outcome or unreachable server: retry with the same
 			// token (an applied acquire is then recognised as ours).
@@ -321,27 +322,28 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 		}
 		// seen is the fence of the holder we wait for: a published release
 		// of an older fence is stale and does not send us to Redis again.
-		// (Every head asks Redis, even while a waiter of ours holds the lock:
-		// waiting for that local release instead let processes keep a hot
-		// lock in streaks, 40x the FIFO bound; bench/ -scenario hotkey.)
+		// Look again when the holder's lease runs out, and keep our place
+		// in line alive.
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
 			default:
 			}
 		}
-		timer.Reset(max(left, time.Millisecond))
+		timer.Reset(max(min(left, fairLiveness/3), time.Millisecond))
 	sleep:
 		select {
+		case f := <-grant:
+			return m.granted(ctx, h, f, sent)
 		case <-q.notify:
 			if !c.released(q, seen) {
 				goto sleep
 			}
 		case <-timer.C:
 		case <-ctx.Done():
-			return nil, m.fail(ctx, ctx.Err())
+			return nil, m.giveUp(ctx, h, ctx.Err())
 		case <-c.bg.Done():
-			return nil, nameErr(m.name, ErrClosed)
+			return nil, m.giveUp(ctx, h, ErrClosed)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -611,4 +612,98 @@ func evalshaCalls(t *testing.T, ctx context.Context, rdb *redis.Client) int {
 		}
 	}
 	return 0
+}
+
+// TestDefaultHeadHandOver: in default mode the head of each Client's queue
+// (and only the head) takes a place in the lock's line at Redis, and a
+// release hands the lock straight to it; the line goes round the Clients.
+func TestDefaultHeadHandOver(t *testing.T) {
+	s := redistest.Start(t)
+	cs, rdb := newClients(t, s, 3)
+	ctx := ctxT(t, 20*time.Second)
+	holder, err := cs[0].Mutex("hand").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two waiters on each of the other Clients, Client 1's first.
+	type got struct {
+		client int
+		l      *dlock.Lease
+	}
+	gots := make(chan got, 4)
+	for _, i := range []int{1, 1, 2, 2} {
+		go func() {
+			l, err := cs[i].Mutex("hand").Lock(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			gots <- got{i, l}
+		}()
+		if i == 1 {
+			waitLine(t, ctx, rdb, "dlock:{hand}", 1)
+		}
+	}
+	waitLine(t, ctx, rdb, "dlock:{hand}", 2)
+	time.Sleep(100 * time.Millisecond) // the second waiters have queued locally
+	if n := rdb.LLen(ctx, "dlock:{hand}:q").Val(); n != 2 {
+		t.Fatalf("%d places in line, want one per waiting Client", n)
+	}
+	last := holder.Fence()
+	_ = holder.Unlock(ctx)
+	var order []int
+	for range 4 {
+		g := <-gots
+		if g.l == nil {
+			t.FailNow()
+		}
+		if g.l.Fence() <= last {
+			t.Fatalf("fence %d after %d", g.l.Fence(), last)
+		}
+		last = g.l.Fence()
+		order = append(order, g.client)
+		time.Sleep(50 * time.Millisecond) // the next head of that Client joins the line
+		_ = g.l.Unlock(ctx)
+	}
+	if order[0] != 1 || order[1] != 2 || order[2] != 1 || order[3] != 2 {
+		t.Fatalf("Clients served in order %v, want 1 2 1 2 (round the line)", order)
+	}
+	if n := rdb.Exists(ctx, "dlock:{hand}:q", "dlock:{hand}:w").Val(); n != 0 {
+		t.Fatalf("line keys left behind: %d", n)
+	}
+}
+
+// TestDefaultWaiterLeavesLine: a default-mode head that gives up leaves the
+// line at once, and a head that died in line is skipped within its liveness.
+func TestDefaultWaiterLeavesLine(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	other, _ := newClient(t, s)
+	ctx := ctxT(t, 30*time.Second)
+	holder, err := c.Mutex("leave").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	if _, err := other.Mutex("leave").Lock(gctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock with a 300ms ctx: %v", err)
+	}
+	cancel()
+	if n := rdb.Exists(ctx, "dlock:{leave}:q", "dlock:{leave}:w").Val(); n != 0 {
+		t.Fatalf("a waiter that gave up is still in line")
+	}
+	// A ghost: a place nobody refreshes any more, still valid for 300ms.
+	now := rdb.Time(ctx).Val()
+	rdb.RPush(ctx, "dlock:{leave}:q", "ghost")
+	rdb.HSet(ctx, "dlock:{leave}:w", "ghost", fmt.Sprintf("%d,10000,dlock:{leave}:c:ghost", now.UnixMilli()+300))
+	gotAt := lockedAt(t, ctx, other.Mutex("leave"))
+	time.Sleep(100 * time.Millisecond)
+	released := time.Now()
+	_ = holder.Unlock(ctx)
+	at, ok := <-gotAt
+	if !ok {
+		t.FailNow()
+	}
+	if d := at.Sub(released); d > 4*time.Second {
+		t.Fatalf("live waiter got the lock %v after release behind a dead one", d)
+	}
 }

@@ -77,11 +77,12 @@ func NoRenew() LockOption { return func(c *lockConfig) { c.noRenew = true } }
 // it so (the next holder starts half a round trip after the release, not
 // after a wake-up and a new attempt). A waiter keeps its place alive while
 // it waits; one that died or gave up is skipped within about a second.
-// Default: off (waiters of one Client are served in order; between Clients
-// whoever asks first after a release wins).
+// Default: off (waiters of one Client are served in order, and only the first
+// of them waits in the line at Redis, so the lock is handed round the Clients
+// in turn; but a Lock or TryLock that finds the lock free takes it at once).
 //
-// Fair and default callers of one name stay mutually exclusive, but only
-// Fair callers keep the line: a default Lock or TryLock takes a free lock
-// even when Fair waiters are in line (which only happens while the lock
-// is not handed over, e.g. after a holder crashed).
+// Fair and default callers of one name stay mutually exclusive and share the
+// line, but only Fair callers keep it strictly: a default Lock or TryLock
+// takes a free lock even when others are in line (which only happens while
+// the lock is not handed over, e.g. after a holder crashed).
 func Fair() LockOption { return func(c *lockConfig) { c.fair = true } }

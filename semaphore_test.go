@@ -27,18 +27,6 @@ var familyRoles = map[string]func(*dlock.Client, *redis.Client, string) error{
 	"rw-hold":  childRWHold,
 }
 
-// waitLine waits until the line of the lock key has n waiters.
-func waitLine(t *testing.T, ctx context.Context, rdb *redis.Client, key string, n int64) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for rdb.LLen(ctx, key+":q").Val() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("line of %s: %d waiters, want %d", key, rdb.LLen(ctx, key+":q").Val(), n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestSemaphoreBasics(t *testing.T) {
 	s := redistest.Start(t)
 	c, rdb := newClient(t, s)

@@ -21,7 +21,8 @@ type queue struct {
 	// Guarded by Client.mu.
 	released uint64 // the highest fence seen released
 	forced   bool   // releases may have been missed: the head must look
-	fair     int    // Fair waiters (they wait in line at Redis, not here)
+	users    int    // a hand-over channel's Fair waiters and lock queues (they wait in line at Redis)
+	hand     *queue // a lock queue's hand-over channel, subscribed while the queue lives
 }
 
 type waiter struct{ turn chan struct{} }
@@ -33,11 +34,18 @@ func (c *Client) queued(key string) bool {
 	return ok
 }
 
-func (c *Client) enqueue(key string) (*queue, *waiter) {
+// enqueue adds a waiter to key's queue. The queue keeps this Client's
+// hand-over channel for the lock subscribed while it lives, so that heads
+// following each other need not subscribe again.
+func (c *Client) enqueue(key, handover string) (*queue, *waiter) {
 	w := &waiter{turn: make(chan struct{})}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	q := c.queueFor(key)
+	if q.hand == nil {
+		q.hand = c.queueFor(handover)
+		q.hand.users++
+	}
 	q.waiters = append(q.waiters, w)
 	if len(q.waiters) == 1 {
 		close(w.turn)
@@ -78,9 +86,14 @@ func (c *Client) queueFor(key string) *queue {
 // dropIfIdle forgets q (and unsubscribes) once nobody waits on it. Called
 // with c.mu held.
 func (c *Client) dropIfIdle(q *queue) {
-	if len(q.waiters) == 0 && q.fair == 0 {
+	if len(q.waiters) == 0 && q.users == 0 {
 		delete(c.queues, q.key)
 		c.hub.unwant(c, q.key)
+		if h := q.hand; h != nil {
+			q.hand = nil
+			h.users--
+			c.dropIfIdle(h)
+		}
 	}
 }
 
@@ -278,7 +291,7 @@ func (c *Client) receiver(ps *redis.PubSub) {
 	}
 }
 
-// handedOver delivers a Fair hand-over ("g FENCE TOKEN") to its waiter.
+// handedOver delivers a hand-over ("g FENCE TOKEN") to its waiter.
 func (c *Client) handedOver(payload string) {
 	fs, token, ok := strings.Cut(payload[2:], " ")
 	f, err := strconv.ParseUint(fs, 10, 64)

@@ -1,8 +1,17 @@
--- acquire.lua: take a mutex if it is free, in one round trip.
--- KEYS[1]  the lock hash: o = owner token, f = last fence; its PEXPIRE is the lease
+-- acquire.lua: take a mutex if it is free, in one round trip; a waiter that
+-- finds it held may take (or keep alive) a place in its line, so that the
+-- release hands the lock straight to it (see release.lua).
+-- KEYS[1]  the lock hash: o = owner token, f = last fence, w = someone may be
+--          in line (see release.lua); its PEXPIRE is the lease
+-- KEYS[2]  the line, KEYS[3] the waiters, as for fair_acquire.lua; optional:
+--          with KEYS[1] alone no place is taken
 -- ARGV[1]  owner token (128-bit random, base64url)
 -- ARGV[2]  lease TTL in milliseconds
--- Returns {1, fence}            acquired (or re-acquired by the same token after a lost reply)
+-- ARGV[3]  with the line: liveness in milliseconds (a place not refreshed for
+--          this long is skipped)
+-- ARGV[4]  with the line: the waiter's hand-over channel (PREFIX{NAME}:c:CLIENT)
+-- Returns {1, fence}            acquired (or re-acquired by the same token after
+--                               a lost reply, or handed over while in line)
 --         {0, remaining_ms, f}  held by another owner (granted fence f) for remaining_ms more
 -- Errors  DLOCK_FOREIGN <what>  the key exists but is not a dlock mutex
 local key, token, ttl = KEYS[1], ARGV[1], ARGV[2]
@@ -12,10 +21,30 @@ if not h[2] and redis.call('EXISTS', key) == 1 then
   return redis.error_reply('DLOCK_FOREIGN hash')
 end
 if h[1] then
-  if h[1] ~= token then return {0, redis.call('PTTL', key), tonumber(h[2])} end
-  -- Same token: a retry of an acquire whose reply was lost. Idempotent.
+  if h[1] ~= token then
+    if KEYS[3] then
+      local line, waiters, live = KEYS[2], KEYS[3], tonumber(ARGV[3])
+      local t = redis.call('TIME')
+      local now = t[1] * 1000 + math.floor(t[2] / 1000)
+      if redis.call('HSET', waiters, token, string.format('%.0f,%s,%s', now + live, ttl, ARGV[4])) == 1 then
+        redis.call('RPUSH', line, token)
+      end
+      redis.call('PEXPIRE', line, 2 * live)
+      redis.call('PEXPIRE', waiters, 2 * live)
+      redis.call('HSET', key, 'w', '1') -- the release must look at the line
+    end
+    return {0, redis.call('PTTL', key), tonumber(h[2])}
+  end
+  -- Same token: a retry of an acquire whose reply was lost, or handed over
+  -- while in line. Idempotent.
   redis.call('PEXPIRE', key, ttl)
   return {1, tonumber(h[2])}
+end
+-- Free: taken at once, even if others are in line (default mode is not FIFO
+-- between clients; Fair() callers use fair_acquire.lua).
+if KEYS[3] and redis.call('HDEL', KEYS[3], token) == 1 then
+  redis.call('LREM', KEYS[2], 1, token)
+  if redis.call('LLEN', KEYS[2]) > 0 then redis.call('HSET', key, 'w', '1') end
 end
 -- Fences never go backwards: one more than the last, and never below the
 -- server clock in microseconds, so a counter that expired with its lock,

@@ -1,6 +1,6 @@
 -- fair_acquire.lua: take a Fair() mutex if it is free and nobody alive is
 -- ahead; otherwise take (or keep alive) a place in its FIFO line.
--- KEYS[1]  the lock hash (o, f, as for acquire.lua; p = the fence that handed it over)
+-- KEYS[1]  the lock hash (o, f, w as for acquire.lua; p = the fence that handed it over)
 -- KEYS[2]  the line: a list of waiter tokens in arrival order
 -- KEYS[3]  the waiters: hash token -> "deadline_ms,ttl_ms,channel" (deadline:
 --          server time until which the waiter's place holds without another
@@ -41,6 +41,7 @@ if not h[1] and (not head or head == token) then
   redis.call('HDEL', waiters, token)
   local f = math.max((tonumber(h[2]) or 0) + 1, t[1] * 1000000 + t[2])
   redis.call('HSET', key, 'o', token, 'f', string.format('%.0f', f))
+  if redis.call('LLEN', line) > 0 then redis.call('HSET', key, 'w', '1') end
   redis.call('PEXPIRE', key, ttl)
   return {1, f}
 end
@@ -52,6 +53,9 @@ if redis.call('HSET', waiters, token, string.format('%.0f,%d,%s', now + live, tt
 end
 redis.call('PEXPIRE', line, 2 * live)
 redis.call('PEXPIRE', waiters, 2 * live)
+-- The release must look at the line (a key without f is not made here: no
+-- release can come before an acquire creates it).
+if h[2] then redis.call('HSET', key, 'w', '1') end
 local left = redis.call('PTTL', key)
 if left < 0 then left = live end -- free, but a live waiter is ahead: look again soon
 return {0, left, tonumber(h[2]) or 0}
