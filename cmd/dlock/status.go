@@ -42,7 +42,7 @@ States: held; free (released: the key is kept for the idle period so that
 fences keep increasing); unknown (not a lock this version knows).
 
 A semaphore or rwmutex shows its holders (each holds its own lease; one whose
-lease ran out counts until the next lock call prunes it), and the permits held
+lease ran out counts until a lock call needs its permits and prunes it), and the permits held
 out of the size (semaphore) or whether readers or a writer hold it (rwmutex).
 
 TTL is the key's PTTL: while held, the lease left; when free, the time until
