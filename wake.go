@@ -141,7 +141,8 @@ func poke(ch chan struct{}) {
 // subscribes again once the unsubscribe is confirmed. That way a confirmation
 // is never mistaken for one that a later command cancelled.
 type wakeHub struct {
-	ps      *redis.PubSub
+	pss     []*redis.PubSub // one per shard, closed by closeHub
+	closed  bool
 	subs    map[string]*sub
 	ops     []subOp
 	kick    chan struct{}
@@ -202,27 +203,43 @@ func (h *wakeHub) send(c *Client, op subOp) {
 	h.ops = append(h.ops, op)
 	if !h.started {
 		h.started = true
-		h.ps = c.rdb.SSubscribe(c.bg)
-		ps := h.ps
 		c.goBg(c.subscriber)
-		c.goBg(func() { c.receiver(ps) })
 	}
 	poke(h.kick)
 }
 
-// closeHub closes the subscription; no new one is started afterwards.
+// closeHub closes the subscriptions; no new one is started afterwards.
 func (c *Client) closeHub() {
 	c.mu.Lock()
-	ps := c.hub.ps
-	c.hub.started = true
+	pss := c.hub.pss
+	c.hub.pss = nil
+	c.hub.started, c.hub.closed = true, true
 	c.mu.Unlock()
-	if ps != nil {
+	for _, ps := range pss {
 		_ = ps.Close()
 	}
 }
 
-// subscriber issues (un)subscribe commands in the order they were decided.
+// shardOf names the server that serves channel: on a Cluster, the master of
+// its slot (a sharded subscription lives on that node); otherwise "".
+func (c *Client) shardOf(channel string) string {
+	cc, ok := c.rdb.(*redis.ClusterClient)
+	if !ok {
+		return ""
+	}
+	node, err := cc.MasterForKey(c.bg, channel)
+	if err != nil {
+		return "" // the cluster is unreachable: any shard fails alike
+	}
+	return node.Options().Addr
+}
+
+// subscriber issues (un)subscribe commands in the order they were decided,
+// on one PubSub connection per shard (one in all unless on a Cluster), each
+// made with its first channel so that it connects to the node serving it.
 func (c *Client) subscriber() {
+	shards := map[string]*redis.PubSub{} // by shardOf
+	where := map[string]*redis.PubSub{}  // subscribed channel -> its PubSub
 	for {
 		select {
 		case <-c.bg.Done():
@@ -232,14 +249,25 @@ func (c *Client) subscriber() {
 		c.mu.Lock()
 		ops := c.hub.ops
 		c.hub.ops = nil
-		ps := c.hub.ps
 		c.mu.Unlock()
 		for _, op := range ops {
 			var err error
-			if op.subscribe {
-				err = ps.SSubscribe(c.bg, op.channel)
-			} else {
+			switch ps := where[op.channel]; {
+			case !op.subscribe && ps != nil:
+				delete(where, op.channel)
 				err = ps.SUnsubscribe(c.bg, op.channel)
+			case !op.subscribe:
+				continue
+			default:
+				shard := c.shardOf(op.channel)
+				if ps = shards[shard]; ps != nil {
+					err = ps.SSubscribe(c.bg, op.channel)
+				} else if ps = c.newShard(op.channel); ps == nil {
+					return // closed
+				} else {
+					shards[shard] = ps
+				}
+				where[op.channel] = ps
 			}
 			if err != nil && c.bg.Err() == nil {
 				// The PubSub reconnects and resubscribes what it tracks; the
@@ -248,6 +276,23 @@ func (c *Client) subscriber() {
 			}
 		}
 	}
+}
+
+// newShard starts a PubSub subscribed to channel, and its receiver; nil if
+// the Client has closed.
+func (c *Client) newShard(channel string) *redis.PubSub {
+	ps := c.rdb.SSubscribe(c.bg, channel)
+	c.mu.Lock()
+	closed := c.hub.closed
+	if !closed {
+		c.hub.pss = append(c.hub.pss, ps)
+	}
+	c.mu.Unlock()
+	if closed || !c.goBg(func() { c.receiver(ps) }) {
+		_ = ps.Close()
+		return nil
+	}
+	return ps
 }
 
 // receiver dispatches wake-ups and subscription confirmations.
