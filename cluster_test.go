@@ -117,6 +117,28 @@ func TestClusterEveryPrimitive(t *testing.T) {
 			t.Logf("%s on %s: 80 hand-offs in %v", k.kind, name, el)
 		}
 	}
+	// Fault 15 on a cluster: every master forgets its scripts; every
+	// primitive reloads them on whichever master its name lives.
+	for _, n := range nodes {
+		n.Do(t, "SCRIPT", "FLUSH")
+	}
+	for _, k := range kinds {
+		for _, name := range namesOnEveryNode(t, ctx, rdb, 3, k.kind+"-") {
+			l, err := k.lock(clients[0], name)
+			if err != nil {
+				t.Fatalf("%s on %s after SCRIPT FLUSH: %v", k.kind, name, err)
+			}
+			if err := l.Extend(ctx, 5*time.Second); err != nil {
+				t.Fatalf("%s on %s: Extend after SCRIPT FLUSH: %v", k.kind, name, err)
+			}
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatalf("%s on %s: Unlock after SCRIPT FLUSH: %v", k.kind, name, err)
+			}
+		}
+		for _, n := range nodes {
+			n.Do(t, "SCRIPT", "FLUSH")
+		}
+	}
 	// Readers share on a cluster too, and a name is one primitive there.
 	r1, err := clients[0].RWMutex(rwNames[1]).RLock(ctx)
 	if err != nil {
