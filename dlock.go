@@ -91,6 +91,7 @@ type Client struct {
 	mu     sync.Mutex             // guards queues and hub
 	queues map[string]*queue      // local waiters per lock key
 	grants map[string]chan uint64 // waiters in line at Redis by token: the fence they were handed
+	late   map[string]bool        // tokens whose hand-over was found before its message (checkGrant)
 	hub    wakeHub
 }
 
@@ -115,6 +116,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		stop:     stop,
 		queues:   make(map[string]*queue),
 		grants:   make(map[string]chan uint64),
+		late:     make(map[string]bool),
 	}
 	if cfg.autoPipeline {
 		// Lock and unlock scripts go through the client's shared deferred

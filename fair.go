@@ -43,6 +43,7 @@ func (m *Mutex) lockFair(ctx context.Context, h *holding) (*Lease, error) {
 		sent := time.Now()
 		l, left, _, err := m.attempt(ctx, h, true)
 		if l != nil {
+			c.checkGrant(h, grant)
 			return l, nil
 		}
 		if err != nil {
@@ -179,6 +180,43 @@ func (c *Client) expectGrant(token string) chan uint64 {
 	c.mu.Unlock()
 	return ch
 }
+
+// checkGrant runs when a waiter's own acquire found the lock already
+// handed to it: if the hand-over message does not follow soon, this Client's
+// subscriptions are not hearing their channels (e.g. still connected to a
+// server that a failover demoted), and they are made again.
+func (c *Client) checkGrant(h *holding, grant chan uint64) {
+	if !h.already {
+		return
+	}
+	c.mu.Lock()
+	if len(grant) > 0 {
+		c.mu.Unlock()
+		return
+	}
+	c.late[h.token] = true
+	c.mu.Unlock()
+	c.goBg(func() {
+		t := time.NewTimer(lateGrant)
+		defer t.Stop()
+		select {
+		case <-c.bg.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		missed := c.late[h.token]
+		delete(c.late, h.token)
+		c.mu.Unlock()
+		if missed {
+			c.missedWake()
+		}
+	})
+}
+
+// lateGrant is how long after its waiter found it a hand-over message may
+// still come before it counts as missed.
+const lateGrant = 200 * time.Millisecond
 
 func (c *Client) forgetGrant(token string) {
 	c.mu.Lock()

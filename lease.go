@@ -42,6 +42,7 @@ type holding struct {
 	join      string // fair: "1" to take a place in line if the lock is busy
 	nArg      string // sem: permits asked for
 	relFailed bool   // sem: a release attempt's outcome is unknown (guarded by mu)
+	already   bool   // the acquire found the lock already this token's (handed over, or a retry)
 
 	mu       sync.Mutex
 	ttl      time.Duration

@@ -208,6 +208,7 @@ func (m *Mutex) attempt(ctx context.Context, h *holding, waited bool) (*Lease, t
 		m.abandon(ctx, h.token, ErrClosed)
 		return nil, 0, 0, ErrClosed
 	}
+	h.already = len(r) > 2 && r[2] == int64(1)
 	h.activate(uint64(n), sent)
 	return &h.first, 0, 0, nil
 }
@@ -306,6 +307,7 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 		sent := time.Now()
 		l, left, seen, err := m.attempt(ctx, h, true)
 		if l != nil {
+			c.checkGrant(h, grant)
 			return l, nil
 		}
 		if err != nil {

@@ -141,12 +141,13 @@ func poke(ch chan struct{}) {
 // subscribes again once the unsubscribe is confirmed. That way a confirmation
 // is never mistaken for one that a later command cancelled.
 type wakeHub struct {
-	pss     []*redis.PubSub // one per shard, closed by closeHub
-	closed  bool
-	subs    map[string]*sub
-	ops     []subOp
-	kick    chan struct{}
-	started bool
+	pss       []*redis.PubSub // one per shard, closed by closeHub
+	closed    bool
+	lastReset time.Time // of the last missedWake
+	subs      map[string]*sub
+	ops       []subOp
+	kick      chan struct{}
+	started   bool
 }
 
 type subPhase uint8
@@ -166,6 +167,7 @@ type sub struct {
 type subOp struct {
 	subscribe bool
 	channel   string
+	reset     bool // close every PubSub and subscribe again (see missedWake)
 }
 
 func (h *wakeHub) init() {
@@ -180,7 +182,7 @@ func (h *wakeHub) want(c *Client, key string) chan struct{} {
 	if s == nil {
 		s = &sub{phase: subPending, ready: make(chan struct{})}
 		h.subs[key] = s
-		h.send(c, subOp{true, key})
+		h.send(c, subOp{subscribe: true, channel: key})
 	}
 	s.want = true
 	return s.ready
@@ -195,7 +197,7 @@ func (h *wakeHub) unwant(c *Client, key string) {
 	if s.phase == subActive {
 		s.phase = subLeaving
 		s.ready = make(chan struct{})
-		h.send(c, subOp{false, key})
+		h.send(c, subOp{subscribe: false, channel: key})
 	}
 }
 
@@ -251,6 +253,12 @@ func (c *Client) subscriber() {
 		c.hub.ops = nil
 		c.mu.Unlock()
 		for _, op := range ops {
+			if op.reset {
+				if !c.resubscribe(shards, where) {
+					return
+				}
+				continue
+			}
 			var err error
 			switch ps := where[op.channel]; {
 			case !op.subscribe && ps != nil:
@@ -276,6 +284,42 @@ func (c *Client) subscriber() {
 			}
 		}
 	}
+}
+
+// resubscribe closes every shard's PubSub and subscribes every channel
+// again on new ones (their connections are made afresh, to the server that
+// now serves each channel). It reports false if the Client has closed.
+func (c *Client) resubscribe(shards, where map[string]*redis.PubSub) bool {
+	c.mu.Lock()
+	c.hub.pss = nil
+	c.mu.Unlock()
+	for _, ps := range shards {
+		_ = ps.Close()
+	}
+	clear(shards)
+	chans := make([]string, 0, len(where))
+	for ch := range where {
+		chans = append(chans, ch)
+	}
+	clear(where)
+	for _, ch := range chans {
+		shard := c.shardOf(ch)
+		ps := shards[shard]
+		if ps != nil {
+			if err := ps.SSubscribe(c.bg, ch); err != nil && c.bg.Err() == nil {
+				c.cfg.logger.Debug("dlock: wake-up subscribe failed", "channel", ch, "err", err)
+			}
+		} else if ps = c.newShard(ch); ps == nil {
+			return false
+		} else {
+			shards[shard] = ps
+		}
+		where[ch] = ps
+	}
+	// Unsubscribes sent on the closed connections will never be confirmed,
+	// and messages were missed: the state machine and the waiters catch up.
+	c.resetSubs()
+	return true
 }
 
 // newShard starts a PubSub subscribed to channel, and its receiver; nil if
@@ -344,14 +388,27 @@ func (c *Client) handedOver(payload string) {
 		return
 	}
 	c.mu.Lock()
-	ch := c.grants[token]
-	c.mu.Unlock()
-	if ch != nil {
+	defer c.mu.Unlock()
+	delete(c.late, token) // it came (see checkGrant)
+	if ch := c.grants[token]; ch != nil {
 		select {
 		case ch <- f:
 		default:
 		}
 	}
+}
+
+// missedWake makes every subscription again (at most once a second): a
+// hand-over message never came, so they may be on the wrong server.
+func (c *Client) missedWake() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.hub.lastReset) < time.Second || c.hub.closed {
+		return
+	}
+	c.hub.lastReset = time.Now()
+	c.cfg.logger.Debug("dlock: a hand-over message was missed; subscribing again")
+	c.hub.send(c, subOp{reset: true})
 }
 
 func (c *Client) confirm(kind, channel string) {
@@ -369,12 +426,12 @@ func (c *Client) confirm(kind, channel string) {
 		if !s.want {
 			s.phase = subLeaving
 			s.ready = make(chan struct{})
-			h.send(c, subOp{false, channel})
+			h.send(c, subOp{subscribe: false, channel: channel})
 		}
 	case kind == "sunsubscribe" && s.phase == subLeaving:
 		if s.want {
 			s.phase = subPending
-			h.send(c, subOp{true, channel})
+			h.send(c, subOp{subscribe: true, channel: channel})
 		} else {
 			delete(h.subs, channel)
 		}
@@ -395,7 +452,7 @@ func (c *Client) resetSubs() {
 		}
 		if s.want {
 			s.phase = subPending
-			h.send(c, subOp{true, ch})
+			h.send(c, subOp{subscribe: true, channel: ch})
 		} else {
 			delete(h.subs, ch)
 		}

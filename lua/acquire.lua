@@ -10,8 +10,9 @@
 -- ARGV[3]  with the line: liveness in milliseconds (a place not refreshed for
 --          this long is skipped)
 -- ARGV[4]  with the line: the waiter's hand-over channel (PREFIX{NAME}:c:CLIENT)
--- Returns {1, fence}            acquired (or re-acquired by the same token after
---                               a lost reply, or handed over while in line)
+-- Returns {1, fence}            acquired
+--         {1, fence, 1}         the token already held it: re-acquired after a
+--                               lost reply, or handed over while in line
 --         {0, remaining_ms, f}  held by another owner (granted fence f) for remaining_ms more
 -- Errors  DLOCK_FOREIGN <what>  the key exists but is not a dlock mutex
 local key, token, ttl = KEYS[1], ARGV[1], ARGV[2]
@@ -38,7 +39,7 @@ if h[1] then
   -- Same token: a retry of an acquire whose reply was lost, or handed over
   -- while in line. Idempotent.
   redis.call('PEXPIRE', key, ttl)
-  return {1, tonumber(h[2])}
+  return {1, tonumber(h[2]), 1}
 end
 -- Free: taken at once, even if others are in line (default mode is not FIFO
 -- between clients; Fair() callers use fair_acquire.lua).

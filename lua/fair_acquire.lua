@@ -10,7 +10,8 @@
 -- ARGV[3]  liveness in milliseconds: a place not refreshed for this long is dropped
 -- ARGV[4]  "1" to take a place in line when the lock is busy (Lock), else not (TryLock)
 -- ARGV[5]  the waiter's hand-over channel (in the lock's slot: PREFIX{NAME}:c:CLIENT)
--- Returns {1, fence}             acquired (or was handed the lock while waiting)
+-- Returns {1, fence}             acquired
+--         {1, fence, 1}          was handed the lock while waiting (or a retry)
 --         {0, remaining_ms, f}   in line; the holder (fence f) has remaining_ms left
 -- Errors  DLOCK_FOREIGN <what>   the key exists but is not a dlock mutex
 local key, line, waiters = KEYS[1], KEYS[2], KEYS[3]
@@ -23,7 +24,7 @@ end
 if h[1] == token then
   -- Handed over while we waited (or a retry): ours.
   redis.call('PEXPIRE', key, ttl)
-  return {1, tonumber(h[2])}
+  return {1, tonumber(h[2]), 1}
 end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)

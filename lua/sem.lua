@@ -13,7 +13,8 @@
 --   l token idle                                     leave the line, or release if granted
 --   e token ttl idle                                 extend a holding
 --   t token                                          remaining ms of a holding
--- Replies: a -> {1, fence} held; {0, wait_ms, fence} not (in line if join = "1")
+-- Replies: a -> {1, fence} held; {1, fence, 1} already held (handed over, or
+--               a retry); {0, wait_ms, fence} not (in line if join = "1")
 --          r -> 1 released, 0 not a holder (lost)
 --          l -> 1 was a holder and released, 0 left the line
 --          e -> 1 extended, 0 not a holder;  t -> ms, or -1 if not a holder
@@ -161,7 +162,7 @@ if op == 'a' then
     -- Handed over while we waited, or a retry whose reply was lost: ours.
     redis.call('ZADD', holders, 'XX', clock() + ttl, token)
     outlive(idle)
-    return {1, tonumber(string.match(held, ',(%d+)$'))}
+    return {1, tonumber(string.match(held, ',(%d+)$')), 1}
   end
   local first = used == 0
   local mine, waiting = serve()

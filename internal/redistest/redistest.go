@@ -66,6 +66,9 @@ type Options struct {
 	// Args are extra redis-server config arguments, appended after the
 	// harness's own (so they override them), e.g. {"--maxmemory", "10mb"}.
 	Args []string
+	// Sentinel runs redis-server in Sentinel mode, with a config file of
+	// its own in the data directory (Sentinel rewrites it).
+	Sentinel bool
 }
 
 // Server is one redis-server process on 127.0.0.1. Its port and data
@@ -185,6 +188,11 @@ func newServer(t testing.TB, opts []Options) *Server {
 	if err := os.Mkdir(s.dir, 0o755); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
+	if o.Sentinel {
+		if err := os.WriteFile(filepath.Join(s.dir, "sentinel.conf"), nil, 0o644); err != nil {
+			t.Fatalf("redistest: %v", err)
+		}
+	}
 	// Registered after t.TempDir, so it runs before the directory is
 	// removed.
 	t.Cleanup(s.stop)
@@ -251,7 +259,11 @@ func (s *Server) startFresh() error {
 
 // args returns redis-server's command line for port.
 func (s *Server) args(port int) []string {
-	a := []string{
+	var a []string
+	if s.opts.Sentinel {
+		a = append(a, filepath.Join(s.dir, "sentinel.conf"), "--sentinel")
+	}
+	a = append(a,
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--save", "",
@@ -260,7 +272,7 @@ func (s *Server) args(port int) []string {
 		"--daemonize", "no",
 		"--protected-mode", "no",
 		"--enable-debug-command", "yes",
-	}
+	)
 	fsync := s.opts.AppendFsync
 	if s.opts.AOF {
 		if fsync == "" {
@@ -331,7 +343,7 @@ func (s *Server) launch(port int) (p *proc, busy bool, err error) {
 				// will fail to bind, if it has not already.
 				p.kill()
 				return nil, true, fmt.Errorf("port %d answered by pid %d, not ours (%d)", port, pid, p.pid)
-			case infoField(info, "loading") == "0":
+			case infoField(info, "loading") == "0" || infoField(info, "redis_mode") == "sentinel":
 				return p, false, nil
 			default:
 				err = errors.New("still loading")
