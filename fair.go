@@ -20,13 +20,8 @@ func (m *Mutex) lockFair(ctx context.Context, h *holding) (*Lease, error) {
 	// First one look without a place in line (a free lock with nobody in
 	// line is granted; a busy one is not jumped): an uncontended Lock then
 	// costs one round trip, with no hand-over subscription.
-	l, _, _, err := m.attempt(ctx, h, false)
-	if l != nil {
-		return l, nil
-	}
-	if err != nil && (ctx.Err() != nil || permanent(err)) {
-		m.abandon(ctx, h.token, err)
-		return nil, m.fail(ctx, err)
+	if l, err, done := m.firstLook(ctx, h); done {
+		return l, err
 	}
 	h.join = "1" // the acquire has completed: its command line may change
 	q, grant := c.joinFair(m.handover, h.token)
@@ -41,19 +36,9 @@ func (m *Mutex) lockFair(ctx context.Context, h *holding) (*Lease, error) {
 	backoff := time.Millisecond
 	for {
 		sent := time.Now()
-		l, left, _, err := m.attempt(ctx, h, true)
-		if l != nil {
-			c.checkGrant(h, grant)
-			return l, nil
-		}
-		if err != nil {
-			if ctx.Err() != nil || permanent(err) {
-				return nil, m.giveUp(ctx, h, err)
-			}
-			left = backoff
-			backoff = min(2*backoff, 500*time.Millisecond)
-		} else {
-			backoff = time.Millisecond
+		l, left, _, err, done := m.look(ctx, h, grant, &backoff)
+		if done {
+			return l, err
 		}
 		// Keep the place alive; look again when the holder's lease runs out.
 		wait := min(left, fairLiveness/3)

@@ -117,16 +117,49 @@ func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 	h := m.prepare(ctx, m.nArg)
 	if !m.c.queued(m.keys[0]) {
 		// Nobody of ours waits for this lock: try it at once.
-		l, _, _, err := m.attempt(ctx, h, false)
-		if l != nil {
-			return l, nil
-		}
-		if err != nil && (ctx.Err() != nil || permanent(err)) {
-			m.abandon(ctx, h.token, err)
-			return nil, m.fail(ctx, err)
+		if l, err, done := m.firstLook(ctx, h); done {
+			return l, err
 		}
 	}
 	return m.wait(ctx, h)
+}
+
+// firstLook is a Lock's attempt before it waits, without a place in line.
+// done: Lock returns (l, err); otherwise it goes on to wait.
+func (m *Mutex) firstLook(ctx context.Context, h *holding) (l *Lease, err error, done bool) {
+	l, _, _, err = m.attempt(ctx, h, false)
+	switch {
+	case l != nil:
+		return l, nil, true
+	case err != nil && (ctx.Err() != nil || permanent(err)):
+		m.abandon(ctx, h.token, err)
+		return nil, m.fail(ctx, err), true
+	}
+	return nil, nil, false
+}
+
+// look is one attempt of a waiter in line (wait, lockFair). done: the
+// waiter returns (l, err). Otherwise it sleeps until a wake-up or for left
+// at most; seen is the fence of the holder found (0 if unknown), and
+// backoff grows while Redis cannot be reached.
+func (m *Mutex) look(ctx context.Context, h *holding, grant chan uint64, backoff *time.Duration) (l *Lease, left time.Duration, seen uint64, err error, done bool) {
+	l, left, seen, err = m.attempt(ctx, h, true)
+	switch {
+	case l != nil:
+		m.c.checkGrant(h, grant)
+		return l, 0, 0, nil, true
+	case err != nil && (ctx.Err() != nil || permanent(err)):
+		return nil, 0, 0, m.giveUp(ctx, h, err), true
+	case err != nil:
+		// Unknown outcome or unreachable server: retry with the same
+		// token (an applied acquire is then recognised as ours).
+		m.c.cfg.logger.Debug("dlock: acquire failed, retrying", "lock", m.name, "err", err)
+		left, seen = *backoff, 0
+		*backoff = min(2**backoff, 500*time.Millisecond)
+	default:
+		*backoff = time.Millisecond
+	}
+	return nil, left, seen, nil, false
 }
 
 // Do locks, runs fn with the lease's context (which ends if the lease is
@@ -305,22 +338,9 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 	backoff := time.Millisecond
 	for {
 		sent := time.Now()
-		l, left, seen, err := m.attempt(ctx, h, true)
-		if l != nil {
-			c.checkGrant(h, grant)
-			return l, nil
-		}
-		if err != nil {
-			if ctx.Err() != nil || permanent(err) {
-				return nil, m.giveUp(ctx, h, err)
-			}
-			// Unknown outcome or unreachable server: retry with the same
-			// token (an applied acquire is then recognised as ours).
-			left, seen = backoff, 0
-			backoff = min(2*backoff, 500*time.Millisecond)
-			c.cfg.logger.Debug("dlock: acquire failed, retrying", "lock", m.name, "err", err)
-		} else {
-			backoff = time.Millisecond
+		l, left, seen, err, done := m.look(ctx, h, grant, &backoff)
+		if done {
+			return l, err
 		}
 		// seen is the fence of the holder we wait for: a published release
 		// of an older fence is stale and does not send us to Redis again.
