@@ -3,7 +3,6 @@ package dlock_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -50,10 +49,9 @@ func TestClusterEveryPrimitive(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		clients = append(clients, c)
 	}
-	// A hold far shorter than the TTL: a waiter that is not woken waits for
-	// the holder's whole TTL (default mode) or a refresh (a line at Redis),
-	// which the elapsed-time check below would show.
-	const rounds, hold = 20, 2 * time.Millisecond
+	// handOffs holds for 2ms, far shorter than the TTL: a waiter that is not
+	// woken waits for the holder's whole TTL (default mode) or a refresh (a
+	// line at Redis), which the elapsed-time check below would show.
 	kinds := []struct {
 		kind string
 		lock func(c *dlock.Client, name string) (*dlock.Lease, error)
@@ -70,45 +68,8 @@ func TestClusterEveryPrimitive(t *testing.T) {
 			rwNames = names
 		}
 		for _, name := range names {
-			start := time.Now()
-			var inside, most int
-			var mu sync.Mutex
-			var wg sync.WaitGroup
 			var last uint64
-			for g := 0; g < 4; g++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := 0; i < rounds; i++ {
-						l, err := k.lock(clients[g%2], name)
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						mu.Lock()
-						inside++
-						most = max(most, inside)
-						if l.Fence() <= last {
-							t.Errorf("%s %s: fence %d after %d", k.kind, name, l.Fence(), last)
-						}
-						last = l.Fence()
-						mu.Unlock()
-						time.Sleep(hold)
-						mu.Lock()
-						inside--
-						mu.Unlock()
-						if err := l.Unlock(ctx); err != nil {
-							t.Error(err)
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			el := time.Since(start)
-			if most != 1 {
-				t.Fatalf("%s %s: %d holders at once", k.kind, name, most)
-			}
+			el := handOffs(t, ctx, clients, &last, func(c *dlock.Client) (*dlock.Lease, error) { return k.lock(c, name) })
 			// 80 holds of 2ms; waking by message keeps it far below the
 			// 333ms refresh or 10s TTL a missed wake-up would cost each time.
 			if el > 5*time.Second {

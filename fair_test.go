@@ -163,7 +163,7 @@ func TestFairDeadWaiterSkipped(t *testing.T) {
 	now := rdb.Time(ctx).Val()
 	rdb.RPush(ctx, "dlock:{dead}:q", "ghost")
 	rdb.HSet(ctx, "dlock:{dead}:w", "ghost", fmt.Sprintf("%d,10000,dlock:{dead}:c:ghost", now.UnixMilli()+300))
-	got := lockedAt(t, ctx, c.Mutex("dead", dlock.Fair()))
+	got := lockedAt(t, ctx, c.Mutex("dead", dlock.Fair()).Lock)
 	time.Sleep(100 * time.Millisecond)
 	released := time.Now()
 	_ = holder.Unlock(ctx)

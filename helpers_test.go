@@ -2,6 +2,8 @@ package dlock_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,12 +28,13 @@ func newClients(t *testing.T, s *redistest.Server, n int) ([]*dlock.Client, *red
 	return cs, rdb
 }
 
-// lockedAt locks m in the background and sends the time it got the lock
-// (then unlocks); the channel is closed without a value if Lock failed.
-func lockedAt(t *testing.T, ctx context.Context, m *dlock.Mutex) <-chan time.Time {
+// lockedAt locks in the background with lock (a Mutex's Lock, or any
+// primitive's) and sends the time it got the lock (then unlocks); the
+// channel is closed without a value if lock failed.
+func lockedAt(t *testing.T, ctx context.Context, lock func(context.Context) (*dlock.Lease, error)) <-chan time.Time {
 	got := make(chan time.Time, 1)
 	go func() {
-		l, err := m.Lock(ctx)
+		l, err := lock(ctx)
 		if err != nil {
 			t.Error(err)
 			close(got)
@@ -90,4 +93,101 @@ func waitLine(t *testing.T, ctx context.Context, rdb *redis.Client, key string, 
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// runChildren starts one child process of role per argument (see
+// startChild), drains their output and fails the test if any fails.
+func runChildren(t *testing.T, role, addr string, args []string) {
+	t.Helper()
+	var waits []func() error
+	for _, arg := range args {
+		cmd, _, out := startChild(t, role, addr, arg)
+		waits = append(waits, cmd.Wait)
+		go func() {
+			for out.Scan() {
+			}
+		}()
+	}
+	for _, wait := range waits {
+		if err := wait(); err != nil {
+			t.Fatalf("child %s: %v", role, err)
+		}
+	}
+}
+
+// inGoroutines runs each(g) for g in [0, n) concurrently (a child
+// process's workers) and returns the first error.
+func inGoroutines(n int, each func(g int) error) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for g := 0; g < n; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := each(g); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// holdUntilEOF is how a holding child ends: it prints "held" once it has
+// the lease, then waits (holding it, renewed) until stdin closes or it is
+// killed.
+func holdUntilEOF(_ *dlock.Lease, err error) error {
+	if err != nil {
+		return err
+	}
+	fmt.Println("held")
+	_, _ = os.Stdin.Read(make([]byte, 1))
+	return nil
+}
+
+// handOffs has 4 goroutines on clients lock 20 times each with lock, hold
+// 2ms and unlock. It fails the test on two holders at once or a fence that
+// does not exceed every earlier one (*last, updated), and returns how long
+// the 80 hand-offs took.
+func handOffs(t *testing.T, ctx context.Context, clients []*dlock.Client, last *uint64, lock func(*dlock.Client) (*dlock.Lease, error)) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var mu sync.Mutex
+	var inside, most int
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 20; i++ {
+				l, err := lock(clients[g%len(clients)])
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				inside++
+				most = max(most, inside)
+				if l.Fence() <= *last {
+					t.Errorf("%s: fence %d after %d", l.Name(), l.Fence(), *last)
+				}
+				*last = l.Fence()
+				mu.Unlock()
+				time.Sleep(2 * time.Millisecond)
+				mu.Lock()
+				inside--
+				mu.Unlock()
+				if err := l.Unlock(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if most != 1 {
+		t.Fatalf("%d holders at once", most)
+	}
+	return time.Since(start)
 }

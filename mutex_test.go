@@ -106,7 +106,7 @@ func TestLockWaitsForRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := lockedAt(t, ctx, c2.Mutex("w"))
+	got := lockedAt(t, ctx, c2.Mutex("w").Lock)
 	time.Sleep(200 * time.Millisecond)
 	released := time.Now()
 	if err := l1.Unlock(ctx); err != nil {
@@ -586,7 +586,7 @@ func TestOnlyHeadContends(t *testing.T) {
 	const n = 16
 	var done []<-chan time.Time
 	for i := 0; i < n; i++ {
-		done = append(done, lockedAt(t, ctx, c2.Mutex("herd")))
+		done = append(done, lockedAt(t, ctx, c2.Mutex("herd").Lock))
 	}
 	time.Sleep(300 * time.Millisecond) // all queued; the holder still holds
 	rdb.ConfigResetStat(ctx)
@@ -695,7 +695,7 @@ func TestDefaultWaiterLeavesLine(t *testing.T) {
 	now := rdb.Time(ctx).Val()
 	rdb.RPush(ctx, "dlock:{leave}:q", "ghost")
 	rdb.HSet(ctx, "dlock:{leave}:w", "ghost", fmt.Sprintf("%d,10000,dlock:{leave}:c:ghost", now.UnixMilli()+300))
-	gotAt := lockedAt(t, ctx, other.Mutex("leave"))
+	gotAt := lockedAt(t, ctx, other.Mutex("leave").Lock)
 	time.Sleep(100 * time.Millisecond)
 	released := time.Now()
 	_ = holder.Unlock(ctx)

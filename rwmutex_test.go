@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -230,17 +229,7 @@ func TestRWMutexKilledReaderShareExpires(t *testing.T) {
 	if used, _ := rdb.HGet(ctx, "dlock:{held}", "u").Int(); used != 1 {
 		t.Fatalf("readers at Redis after the killed one's TTL = %d, want 1", used)
 	}
-	got := make(chan time.Time, 1)
-	go func() {
-		w, err := c.RWMutex("held").Lock(ctx)
-		if err != nil {
-			t.Error(err)
-			close(got)
-			return
-		}
-		got <- time.Now()
-		_ = w.Unlock(ctx)
-	}()
+	got := lockedAt(t, ctx, c.RWMutex("held").Lock)
 	waitLine(t, ctx, rdb, "dlock:{held}", 1)
 	unlocked := time.Now()
 	if err := live.Unlock(ctx); err != nil {
@@ -264,16 +253,9 @@ func childRWHold(c *dlock.Client, rdb *redis.Client, arg string) error {
 	}
 	rw := c.RWMutex("held", dlock.TTL(d))
 	if mode == "r" {
-		_, err = rw.RLock(context.Background())
-	} else {
-		_, err = rw.Lock(context.Background())
+		return holdUntilEOF(rw.RLock(context.Background()))
 	}
-	if err != nil {
-		return err
-	}
-	fmt.Println("held")
-	_, _ = os.Stdin.Read(make([]byte, 1))
-	return nil
+	return holdUntilEOF(rw.Lock(context.Background()))
 }
 
 // TestRWMutexAcrossProcesses: 4 processes of readers and writers. Writers
@@ -284,20 +266,11 @@ func TestRWMutexAcrossProcesses(t *testing.T) {
 	_, rdb := newClient(t, s)
 	ctx := ctxT(t, 60*time.Second)
 	const procs, gs, iters = 4, 6, 15
-	var waits []func() error
+	var args []string
 	for p := 0; p < procs; p++ {
-		cmd, _, out := startChild(t, "rw-load", s.Addr(), fmt.Sprintf("%d,%d,%d", p, gs, iters))
-		waits = append(waits, cmd.Wait)
-		go func() {
-			for out.Scan() {
-			}
-		}()
+		args = append(args, fmt.Sprintf("%d,%d,%d", p, gs, iters))
 	}
-	for _, wait := range waits {
-		if err := wait(); err != nil {
-			t.Fatalf("child: %v", err)
-		}
-	}
+	runChildren(t, "rw-load", s.Addr(), args)
 	bad, _ := rdb.Get(ctx, "rw:bad").Int()
 	writes, _ := rdb.Get(ctx, "rw:writes").Int()
 	reads, _ := rdb.Get(ctx, "rw:reads").Int()
@@ -326,31 +299,22 @@ func childRWLoad(c *dlock.Client, rdb *redis.Client, arg string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, gs)
-	for g := 0; g < gs; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rw := c.RWMutex("shared", dlock.TTL(5*time.Second))
-			rng := rand.New(rand.NewPCG(uint64(id), uint64(g)))
-			for i := 0; i < iters; i++ {
-				var err error
-				if rng.IntN(4) == 0 {
-					err = rwWrite(ctx, rw, rdb)
-				} else {
-					err = rwRead(ctx, rw, rdb, rng)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
+	return inGoroutines(gs, func(g int) error {
+		rw := c.RWMutex("shared", dlock.TTL(5*time.Second))
+		rng := rand.New(rand.NewPCG(uint64(id), uint64(g)))
+		for i := 0; i < iters; i++ {
+			var err error
+			if rng.IntN(4) == 0 {
+				err = rwWrite(ctx, rw, rdb)
+			} else {
+				err = rwRead(ctx, rw, rdb, rng)
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 func rwWrite(ctx context.Context, rw *dlock.RWMutex, rdb *redis.Client) error {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -175,17 +174,7 @@ func TestSemaphoreGivingUpHeadLetsOthersIn(t *testing.T) {
 		bigErr <- err
 	}()
 	waitLine(t, ctx, rdb, "dlock:{giveup}", 1)
-	small := make(chan time.Time, 1)
-	go func() {
-		l, err := sem.Acquire(ctx, 1)
-		if err != nil {
-			t.Error(err)
-			close(small)
-			return
-		}
-		small <- time.Now()
-		_ = l.Unlock(ctx)
-	}()
+	small := lockedAt(t, ctx, func(ctx context.Context) (*dlock.Lease, error) { return sem.Acquire(ctx, 1) })
 	waitLine(t, ctx, rdb, "dlock:{giveup}", 2)
 	select {
 	case <-small:
@@ -216,20 +205,11 @@ func TestSemaphoreNeverOversubscribed(t *testing.T) {
 	_, rdb := newClient(t, s)
 	ctx := ctxT(t, 60*time.Second)
 	const procs = 4
-	var cmds []func() error
+	var args []string
 	for p := 0; p < procs; p++ {
-		cmd, _, out := startChild(t, "sem-load", s.Addr(), fmt.Sprintf("%d,6,15,5", p))
-		cmds = append(cmds, cmd.Wait)
-		go func() {
-			for out.Scan() {
-			}
-		}()
+		args = append(args, fmt.Sprintf("%d,6,15,5", p))
 	}
-	for _, wait := range cmds {
-		if err := wait(); err != nil {
-			t.Fatalf("child: %v", err)
-		}
-	}
+	runChildren(t, "sem-load", s.Addr(), args)
 	over, _ := rdb.Get(ctx, "sem:over").Int()
 	most, _ := rdb.Get(ctx, "sem:most").Int()
 	grants, _ := rdb.Get(ctx, "sem:grants").Int()
@@ -255,39 +235,29 @@ func childSemLoad(c *dlock.Client, rdb *redis.Client, arg string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, gs)
-	for g := 0; g < gs; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem := c.Semaphore("load", size, dlock.TTL(5*time.Second))
-			rng := rand.New(rand.NewPCG(uint64(id), uint64(g)))
-			for i := 0; i < iters; i++ {
-				n := 1 + rng.Int64N(3)
-				l, err := sem.Acquire(ctx, n)
-				if err != nil {
-					errs <- err
-					return
-				}
-				v := rdb.IncrBy(ctx, "sem:inuse", n).Val()
-				if v > size {
-					rdb.Incr(ctx, "sem:over")
-				}
-				rdb.Incr(ctx, "sem:grants")
-				maxScript.Run(ctx, rdb, []string{"sem:most"}, v)
-				time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
-				rdb.DecrBy(ctx, "sem:inuse", n)
-				if err := l.Unlock(ctx); err != nil {
-					errs <- err
-					return
-				}
+	return inGoroutines(gs, func(g int) error {
+		sem := c.Semaphore("load", size, dlock.TTL(5*time.Second))
+		rng := rand.New(rand.NewPCG(uint64(id), uint64(g)))
+		for i := 0; i < iters; i++ {
+			n := 1 + rng.Int64N(3)
+			l, err := sem.Acquire(ctx, n)
+			if err != nil {
+				return err
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+			v := rdb.IncrBy(ctx, "sem:inuse", n).Val()
+			if v > size {
+				rdb.Incr(ctx, "sem:over")
+			}
+			rdb.Incr(ctx, "sem:grants")
+			maxScript.Run(ctx, rdb, []string{"sem:most"}, v)
+			time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
+			rdb.DecrBy(ctx, "sem:inuse", n)
+			if err := l.Unlock(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // maxScript raises KEYS[1] to ARGV[1] if it is higher.
@@ -307,12 +277,7 @@ func childSemHold(c *dlock.Client, rdb *redis.Client, arg string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.Semaphore("held", size, dlock.TTL(d)).Acquire(context.Background(), n); err != nil {
-		return err
-	}
-	fmt.Println("held")
-	_, _ = os.Stdin.Read(make([]byte, 1))
-	return nil
+	return holdUntilEOF(c.Semaphore("held", size, dlock.TTL(d)).Acquire(context.Background(), n))
 }
 
 // TestSemaphoreKilledHolderPermitsReturn: permits of a holder killed with

@@ -1,7 +1,6 @@
 package dlock_test
 
 import (
-	"sync"
 	"testing"
 	"time"
 
@@ -24,52 +23,16 @@ func TestSentinelFailover(t *testing.T) {
 		clients = append(clients, c)
 	}
 	var last uint64
-	handOffs := func(phase string) {
+	lock := func(c *dlock.Client) (*dlock.Lease, error) { return c.Mutex("ha").Lock(ctx) }
+	check := func(phase string) {
 		t.Helper()
-		start := time.Now()
-		var mu sync.Mutex
-		var inside, most int
-		var wg sync.WaitGroup
-		for g := 0; g < 4; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; i < 20; i++ {
-					l, err := clients[g%2].Mutex("ha").Lock(ctx)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					mu.Lock()
-					inside++
-					most = max(most, inside)
-					if l.Fence() <= last {
-						t.Errorf("%s: fence %d after %d", phase, l.Fence(), last)
-					}
-					last = l.Fence()
-					mu.Unlock()
-					time.Sleep(2 * time.Millisecond)
-					mu.Lock()
-					inside--
-					mu.Unlock()
-					if err := l.Unlock(ctx); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		if most != 1 {
-			t.Fatalf("%s: %d holders at once", phase, most)
-		}
-		if el := time.Since(start); el > 3*time.Second {
+		if el := handOffs(t, ctx, clients, &last, lock); el > 3*time.Second {
 			t.Fatalf("%s: 80 hand-offs took %v: waiters are not woken", phase, el)
 		} else {
 			t.Logf("%s: 80 hand-offs in %v", phase, el)
 		}
 	}
-	handOffs("before the failover")
+	check("before the failover")
 	r.Failover(t)
 	// The failover client finds the new primary; a lock call during the
 	// switch may fail (READONLY, reconnects) but must never report success
@@ -90,5 +53,5 @@ func TestSentinelFailover(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	handOffs("after the failover")
+	check("after the failover")
 }
