@@ -126,6 +126,18 @@ func (fl inspectFlags) connect(ctx context.Context, stderr io.Writer, cmd string
 	return rdb, 0
 }
 
+// oneName returns the one lock NAME among the positional arguments pos,
+// checked; hint follows the complaint about an extra argument.
+func oneName(pos []string, hint string) (string, error) {
+	switch {
+	case len(pos) == 0:
+		return "", errors.New("missing the lock NAME")
+	case len(pos) > 1:
+		return "", fmt.Errorf("unexpected argument %q (%s)", pos[1], hint)
+	}
+	return pos[0], checkName(pos[0])
+}
+
 // lockKey is the library's key for a lock name (see docs/PROTOCOL.md).
 func lockKey(prefix, name string) string { return prefix + "{" + name + "}" }
 
@@ -144,14 +156,8 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	} else if err != nil {
 		return usageErr(err)
 	}
-	switch {
-	case len(pos) == 0:
-		return usageErr(errors.New("missing the lock NAME"))
-	case len(pos) > 1:
-		return usageErr(fmt.Errorf("unexpected argument %q (one lock NAME; dlock list shows many)", pos[1]))
-	}
-	name := pos[0]
-	if err := checkName(name); err != nil {
+	name, err := oneName(pos, "one lock NAME; dlock list shows many")
+	if err != nil {
 		return usageErr(err)
 	}
 	rdb, code := fl.connect(ctx, stderr, "dlock status")

@@ -89,19 +89,14 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	} else if err != nil {
 		return usageErr(err)
 	}
+	name, err := oneName(pos, "one lock NAME")
 	switch {
-	case len(pos) == 0:
-		return usageErr(errors.New("missing the lock NAME"))
-	case len(pos) > 1:
-		return usageErr(fmt.Errorf("unexpected argument %q (one lock NAME)", pos[1]))
+	case err != nil:
+		return usageErr(err)
 	case !*force:
 		return usageErr(errors.New("refusing without --force: the holder may still be running, and removing it lets another take the lock at once"))
 	case *idle < time.Second:
 		return usageErr(fmt.Errorf("--idle %v is below 1s", *idle))
-	}
-	name := pos[0]
-	if err := checkName(name); err != nil {
-		return usageErr(err)
 	}
 	rdb, code := fl.connect(ctx, stderr, "dlock unlock")
 	if rdb == nil {
