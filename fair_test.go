@@ -141,18 +141,23 @@ func TestFairOrderAcrossClients(t *testing.T) {
 
 // TestFairDeadWaiterSkipped: a waiter that stops keeping its place (killed,
 // or gave up) is skipped within its liveness bound.
-func TestFairDeadWaiterSkipped(t *testing.T) {
+func TestFairDeadWaiterSkipped(t *testing.T) { leaveAndSkipGhost(t, dlock.Fair()) }
+
+// leaveAndSkipGhost: a waiter in line (Fair, or a default-mode head) that
+// gives up leaves the line at once, and a place that nobody refreshes any
+// more (a killed waiter's) is skipped within its liveness.
+func leaveAndSkipGhost(t *testing.T, opts ...dlock.LockOption) {
 	s := redistest.Start(t)
 	c, rdb := newClient(t, s)
+	other, _ := newClient(t, s)
 	ctx := ctxT(t, 30*time.Second)
-	holder, err := c.Mutex("dead", dlock.Fair()).Lock(ctx)
+	holder, err := c.Mutex("dead", opts...).Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A waiter that gives up leaves the line at once.
-	gctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	if _, err := c.Mutex("dead", dlock.Fair()).Lock(gctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Lock with a 200ms ctx: %v", err)
+	gctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	if _, err := other.Mutex("dead", opts...).Lock(gctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock with a 300ms ctx: %v", err)
 	}
 	cancel()
 	if n := rdb.Exists(ctx, "dlock:{dead}:q", "dlock:{dead}:w").Val(); n != 0 {
@@ -163,7 +168,7 @@ func TestFairDeadWaiterSkipped(t *testing.T) {
 	now := rdb.Time(ctx).Val()
 	rdb.RPush(ctx, "dlock:{dead}:q", "ghost")
 	rdb.HSet(ctx, "dlock:{dead}:w", "ghost", fmt.Sprintf("%d,10000,dlock:{dead}:c:ghost", now.UnixMilli()+300))
-	got := lockedAt(t, ctx, c.Mutex("dead", dlock.Fair()).Lock)
+	got := lockedAt(t, ctx, other.Mutex("dead", opts...).Lock)
 	time.Sleep(100 * time.Millisecond)
 	released := time.Now()
 	_ = holder.Unlock(ctx)

@@ -3,7 +3,6 @@ package dlock_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -674,36 +673,4 @@ func TestDefaultHeadHandOver(t *testing.T) {
 
 // TestDefaultWaiterLeavesLine: a default-mode head that gives up leaves the
 // line at once, and a head that died in line is skipped within its liveness.
-func TestDefaultWaiterLeavesLine(t *testing.T) {
-	s := redistest.Start(t)
-	c, rdb := newClient(t, s)
-	other, _ := newClient(t, s)
-	ctx := ctxT(t, 30*time.Second)
-	holder, err := c.Mutex("leave").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	if _, err := other.Mutex("leave").Lock(gctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Lock with a 300ms ctx: %v", err)
-	}
-	cancel()
-	if n := rdb.Exists(ctx, "dlock:{leave}:q", "dlock:{leave}:w").Val(); n != 0 {
-		t.Fatalf("a waiter that gave up is still in line")
-	}
-	// A ghost: a place nobody refreshes any more, still valid for 300ms.
-	now := rdb.Time(ctx).Val()
-	rdb.RPush(ctx, "dlock:{leave}:q", "ghost")
-	rdb.HSet(ctx, "dlock:{leave}:w", "ghost", fmt.Sprintf("%d,10000,dlock:{leave}:c:ghost", now.UnixMilli()+300))
-	gotAt := lockedAt(t, ctx, other.Mutex("leave").Lock)
-	time.Sleep(100 * time.Millisecond)
-	released := time.Now()
-	_ = holder.Unlock(ctx)
-	at, ok := <-gotAt
-	if !ok {
-		t.FailNow()
-	}
-	if d := at.Sub(released); d > 4*time.Second {
-		t.Fatalf("live waiter got the lock %v after release behind a dead one", d)
-	}
-}
+func TestDefaultWaiterLeavesLine(t *testing.T) { leaveAndSkipGhost(t) }

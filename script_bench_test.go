@@ -24,7 +24,9 @@ func BenchmarkScriptCost(b *testing.B) {
 		{"fair", func(c *dlock.Client, ctx context.Context) (*dlock.Lease, error) {
 			return c.Mutex("cost-fair", dlock.Fair()).Lock(ctx)
 		}},
-		{"rwmutex", func(c *dlock.Client, ctx context.Context) (*dlock.Lease, error) { return c.RWMutex("cost-rw").Lock(ctx) }},
+		{"rwmutex", func(c *dlock.Client, ctx context.Context) (*dlock.Lease, error) {
+			return c.RWMutex("cost-rw").Lock(ctx)
+		}},
 		{"semaphore", func(c *dlock.Client, ctx context.Context) (*dlock.Lease, error) {
 			return c.Semaphore("cost-sem", 4).Acquire(ctx, 1)
 		}},
