@@ -147,6 +147,7 @@ func (c *Client) Close() error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.bg), 3*time.Second)
 	defer cancel()
 	for _, h := range held {
+		_ = h.settle(ctx) // a lock passed to h is released as h's once recorded
 		if h.end(stateClosed, ErrClosed) {
 			_, _ = h.relScript.do(ctx, c.rdb, h.rel[:h.relLen])
 		}

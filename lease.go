@@ -39,10 +39,14 @@ type holding struct {
 	relLen    int
 	acqScript *script
 	relScript *script
-	join      string // fair: "1" to take a place in line if the lock is busy
-	nArg      string // sem: permits asked for
-	relFailed bool   // sem: a release attempt's outcome is unknown (guarded by mu)
-	already   bool   // the acquire found the lock already this token's (handed over, or a retry)
+	join      string   // fair: "1" to take a place in line if the lock is busy
+	nArg      string   // sem: permits asked for
+	relFailed bool     // sem: a release attempt's outcome is unknown (guarded by mu)
+	already   bool     // the acquire found the lock already this token's (handed over, or a retry)
+	keys      []string // the Mutex's keys (shared)
+	turnEnd   uint64   // default mode: the last local waiter of this Client's turn (see pass.go); 0: none
+	pending   *pass    // this holding was passed to us: set before it is shared, settled later
+	passedOn  *pass    // Unlock passed the lock to a local waiter (guarded by mu)
 
 	mu       sync.Mutex
 	ttl      time.Duration
@@ -70,7 +74,7 @@ func validity(ttl time.Duration) time.Duration { return ttl - ttl/100 }
 func (m *Mutex) prepare(ctx context.Context, n string) *holding {
 	h := &holding{
 		c: m.c, name: m.name, key: m.keys[0], kind: m.kind, shared: m.shared, token: m.c.tokens.next(),
-		renew: m.renew, parent: ctx, ttl: m.ttl, holds: 1, idx: -1, nArg: n,
+		renew: m.renew, parent: ctx, ttl: m.ttl, holds: 1, idx: -1, nArg: n, keys: m.keys,
 	}
 	h.first.h = h
 	h.join = "0"
@@ -279,6 +283,9 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if h.c.closed.Load() {
 		return nameErr(h.name, ErrClosed)
 	}
+	if err := h.settle(ctx); err != nil {
+		return nameErr(h.name, err)
+	}
 	if err := l.live(); err != nil {
 		return err
 	}
@@ -337,6 +344,9 @@ func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	if h.c.closed.Load() {
 		return 0, nameErr(h.name, ErrClosed)
 	}
+	if err := h.settle(ctx); err != nil {
+		return 0, nameErr(h.name, err)
+	}
 	if err := l.live(); err != nil {
 		return 0, err
 	}
@@ -381,16 +391,39 @@ func (l *Lease) Unlock(ctx context.Context) error {
 		h.mu.Unlock()
 		return err
 	}
-	st, cause := h.state, h.cause
+	st, cause, passed := h.state, h.cause, h.passedOn
 	h.mu.Unlock()
+	if passed != nil {
+		return l.passResult(ctx, passed) // a retry: the pass was made
+	}
 	if st == stateClosed || h.c.closed.Load() {
 		return l.finish(nameErr(h.name, ErrClosed))
+	}
+	if h.pending != nil {
+		// Passed to us: ours at Redis only once recorded.
+		if err := h.settle(ctx); err != nil {
+			return nameErr(h.name, fmt.Errorf("release: %w", err))
+		}
+		h.mu.Lock()
+		st, cause = h.state, h.cause
+		h.mu.Unlock()
 	}
 
 	// Stop renewing and end the lease context before releasing: a lease
 	// that is being given up is no longer one to rely on.
 	if st == stateHeld {
-		h.end(stateReleased, context.Canceled)
+		h.mu.Lock()
+		deadline := h.deadline
+		h.mu.Unlock()
+		if h.end(stateReleased, context.Canceled) {
+			// A waiter of ours whose turn it is takes it at once.
+			if p := h.c.passOn(h, deadline); p != nil {
+				h.mu.Lock()
+				h.passedOn = p
+				h.mu.Unlock()
+				return l.passResult(ctx, p)
+			}
+		}
 	}
 	var v any
 	var err error
@@ -433,6 +466,21 @@ func (l *Lease) Unlock(ctx context.Context) error {
 		}
 		return l.finish(nameErr(h.name, fmt.Errorf("%w: the lock was no longer held by this lease", ErrLockLost)))
 	}
+}
+
+// passResult is the result of an Unlock that passed the lock on: nil once
+// the pass is recorded at Redis, ErrLockLost if our lease turned out to have
+// been lost before it; if ctx ends first the outcome is unknown and Unlock
+// may be called again.
+func (l *Lease) passResult(ctx context.Context, p *pass) error {
+	settled, err := p.result(ctx)
+	if !settled {
+		return nameErr(l.h.name, fmt.Errorf("release: the lock was passed to another waiter of this Client, not yet recorded at Redis: %w", err))
+	}
+	if err != nil {
+		return l.finish(nameErr(l.h.name, err))
+	}
+	return l.finish(nil)
 }
 
 // retriedInTime reports whether an earlier release attempt failed with an

@@ -337,9 +337,16 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 	m.joinLine(h)
 	backoff := time.Millisecond
 	for {
+		if c.claimed(w) {
+			<-grant // passed to us (see pass.go) just before we looked
+			return &h.first, nil
+		}
 		sent := time.Now()
 		l, left, seen, err, done := m.look(ctx, h, grant, &backoff)
 		if done {
+			if l != nil {
+				h.turnEnd = c.turnFrom(q)
+			}
 			return l, err
 		}
 		// seen is the fence of the holder we wait for: a published release
@@ -353,19 +360,43 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 			}
 		}
 		timer.Reset(max(min(left, fairLiveness/3), time.Millisecond))
+		c.readyFor(w, h)
 	sleep:
 		select {
 		case f := <-grant:
-			return m.granted(ctx, h, f, sent)
+			if f == 0 {
+				return &h.first, nil // passed to us by a holder of this Client
+			}
+			l, err := m.granted(ctx, h, f, sent)
+			if l != nil {
+				h.turnEnd = c.turnFrom(q)
+			}
+			return l, err
 		case <-q.notify:
 			if !c.released(q, seen) {
 				goto sleep
 			}
 		case <-timer.C:
 		case <-ctx.Done():
-			return nil, m.giveUp(ctx, h, ctx.Err())
+			return nil, m.quit(ctx, h, w, grant, ctx.Err())
 		case <-c.bg.Done():
-			return nil, m.giveUp(ctx, h, ErrClosed)
+			return nil, m.quit(ctx, h, w, grant, ErrClosed)
 		}
 	}
+}
+
+// quit ends a wait that ctx or Close cut short. A lock passed to the waiter
+// at that moment is passed on or released rather than kept.
+func (m *Mutex) quit(ctx context.Context, h *holding, w *waiter, grant chan uint64, cause error) error {
+	if !m.c.claimed(w) {
+		return m.giveUp(ctx, h, cause)
+	}
+	<-grant
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.ttl, 5*time.Second))
+	_ = h.first.Unlock(uctx)
+	cancel()
+	if errors.Is(cause, ErrClosed) {
+		return nameErr(m.name, ErrClosed)
+	}
+	return m.fail(ctx, cause)
 }

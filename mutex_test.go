@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -615,7 +616,10 @@ func evalshaCalls(t *testing.T, ctx context.Context, rdb *redis.Client) int {
 
 // TestDefaultHeadHandOver: in default mode the head of each Client's queue
 // (and only the head) takes a place in the lock's line at Redis, and a
-// release hands the lock straight to it; the line goes round the Clients.
+// release hands the lock straight to it. The line goes round the Clients in
+// turns: a Client that gets the lock through Redis passes it to the waiters
+// it had queued by then (see pass.go), not to later ones, and then the lock
+// goes on to the next Client in line.
 func TestDefaultHeadHandOver(t *testing.T) {
 	s := redistest.Start(t)
 	cs, rdb := newClients(t, s, 3)
@@ -629,8 +633,8 @@ func TestDefaultHeadHandOver(t *testing.T) {
 		client int
 		l      *dlock.Lease
 	}
-	gots := make(chan got, 4)
-	for _, i := range []int{1, 1, 2, 2} {
+	gots := make(chan got, 5)
+	start := func(i int) {
 		go func() {
 			l, err := cs[i].Mutex("hand").Lock(ctx)
 			if err != nil {
@@ -638,6 +642,9 @@ func TestDefaultHeadHandOver(t *testing.T) {
 			}
 			gots <- got{i, l}
 		}()
+	}
+	for _, i := range []int{1, 1, 2, 2} {
+		start(i)
 		if i == 1 {
 			waitLine(t, ctx, rdb, "dlock:{hand}", 1)
 		}
@@ -650,7 +657,7 @@ func TestDefaultHeadHandOver(t *testing.T) {
 	last := holder.Fence()
 	_ = holder.Unlock(ctx)
 	var order []int
-	for range 4 {
+	for k := range 5 {
 		g := <-gots
 		if g.l == nil {
 			t.FailNow()
@@ -660,11 +667,26 @@ func TestDefaultHeadHandOver(t *testing.T) {
 		}
 		last = g.l.Fence()
 		order = append(order, g.client)
+		if k == 0 {
+			start(1) // arrives during Client 1's turn: waits for the next one
+		}
 		time.Sleep(50 * time.Millisecond) // the next head of that Client joins the line
-		_ = g.l.Unlock(ctx)
+		// Redis knows the holder, whether it came through Redis or was passed.
+		if _, err := g.l.TTL(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if o := rdb.HGet(ctx, "dlock:{hand}", "o").Val(); o != g.l.Token() {
+			t.Fatalf("owner at Redis %q, want the holder's token %q", o, g.l.Token())
+		}
+		if f := rdb.HGet(ctx, "dlock:{hand}", "f").Val(); f != strconv.FormatUint(g.l.Fence(), 10) {
+			t.Fatalf("fence at Redis %s, want the holder's %d", f, g.l.Fence())
+		}
+		if err := g.l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if order[0] != 1 || order[1] != 2 || order[2] != 1 || order[3] != 2 {
-		t.Fatalf("Clients served in order %v, want 1 2 1 2 (round the line)", order)
+	if !slices.Equal(order, []int{1, 1, 2, 2, 1}) {
+		t.Fatalf("Clients served in order %v, want 1 1 2 2 1 (turns round the line)", order)
 	}
 	if n := rdb.Exists(ctx, "dlock:{hand}:q", "dlock:{hand}:w").Val(); n != 0 {
 		t.Fatalf("line keys left behind: %d", n)

@@ -34,6 +34,7 @@ var (
 	releaseScript = loadScript("release")
 	extendScript  = loadScript("extend")
 	pttlScript    = loadScript("pttl")
+	passScript    = loadScript("pass")
 
 	fairAcquireScript = loadScript("fair_acquire")
 	fairLeaveScript   = loadScript("fair_leave")

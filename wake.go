@@ -22,10 +22,18 @@ type queue struct {
 	released uint64 // the highest fence seen released
 	forced   bool   // releases may have been missed: the head must look
 	users    int    // a hand-over channel's Fair waiters and lock queues (they wait in line at Redis)
+	seq      uint64 // waiters ever queued: the last one's seq
 	hand     *queue // a lock queue's hand-over channel, subscribed while the queue lives
 }
 
-type waiter struct{ turn chan struct{} }
+type waiter struct {
+	turn chan struct{}
+	seq  uint64 // order of arrival in its queue, from 1
+
+	// Guarded by Client.mu (see pass.go).
+	ready  *holding // asleep in line: the lock may be passed to this holding
+	passed bool     // it was: the pass arrives on the waiter's grant channel
+}
 
 func (c *Client) queued(key string) bool {
 	c.mu.Lock()
@@ -46,6 +54,8 @@ func (c *Client) enqueue(key, handover string) (*queue, *waiter) {
 		q.hand = c.queueFor(handover)
 		q.hand.users++
 	}
+	q.seq++
+	w.seq = q.seq
 	q.waiters = append(q.waiters, w)
 	if len(q.waiters) == 1 {
 		close(w.turn)
@@ -69,6 +79,32 @@ func (c *Client) dequeue(q *queue, w *waiter) {
 		break
 	}
 	c.dropIfIdle(q)
+}
+
+// readyFor marks the head waiter w as asleep in line with holding h, which
+// an Unlock of this Client may then pass the lock to.
+func (c *Client) readyFor(w *waiter, h *holding) {
+	c.mu.Lock()
+	w.ready = h
+	c.mu.Unlock()
+}
+
+// claimed reports whether the lock was passed to w; if not, none will be
+// until readyFor is called again.
+func (c *Client) claimed(w *waiter) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w.ready = nil
+	return w.passed
+}
+
+// turnFrom returns the last waiter of the turn that a holding of q's lock
+// taken through Redis begins: the lock may be passed to the waiters queued
+// by now, and then goes back to the line at Redis.
+func (c *Client) turnFrom(q *queue) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return q.seq
 }
 
 // queueFor returns key's queue, making it (and subscribing) if needed.

@@ -52,6 +52,16 @@ func (d *watchdog) add(h *holding, due time.Time) {
 	}
 }
 
+// addPending adds a holding passed to a waiter (see pass.go): it is not
+// renewed until the pass is recorded (reschedule), and is lost at its
+// inherited deadline if that does not happen first.
+func (d *watchdog) addPending(h *holding) {
+	d.mu.Lock()
+	h.busy = true
+	d.mu.Unlock()
+	d.add(h, h.deadline)
+}
+
 func (d *watchdog) remove(h *holding) {
 	d.mu.Lock()
 	if h.idx >= 0 {

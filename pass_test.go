@@ -1,0 +1,151 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestPassLostLease: a holder whose lease was lost without its knowing (the
+// key deleted behind its back) passes the lock to its Client's next waiter:
+// the pass is refused at Redis, the passed lease ends with ErrLockLost, and
+// both Unlocks say so. Nothing is left owned at Redis.
+func TestPassLostLease(t *testing.T) {
+	s := redistest.Start(t)
+	cs, rdb := newClients(t, s, 2)
+	ctx := ctxT(t, 20*time.Second)
+	first, err := cs[0].Mutex("p").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := make(chan *dlock.Lease, 2)
+	lock := func() {
+		l, err := cs[1].Mutex("p").Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		leases <- l
+	}
+	go lock()
+	waitLine(t, ctx, rdb, "dlock:{p}", 1) // the first waiter is in line at Redis
+	go lock()
+	time.Sleep(100 * time.Millisecond) // the second is queued behind it, in its Client
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-leases // handed over through Redis: its turn covers the second waiter
+	if a == nil {
+		t.FailNow()
+	}
+	waitLine(t, ctx, rdb, "dlock:{p}", 1) // the second waiter, now the head, is in line
+	time.Sleep(50 * time.Millisecond)
+	if err := rdb.Del(ctx, "dlock:{p}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Unlock of a lease lost before it passed the lock on: %v, want ErrLockLost", err)
+	}
+	w := <-leases
+	if w == nil {
+		t.FailNow()
+	}
+	if w.Fence() != a.Fence()+1 {
+		t.Fatalf("passed lease fence %d, want %d (the passer's + 1)", w.Fence(), a.Fence()+1)
+	}
+	select {
+	case <-w.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the passed lease of a lost lock did not end")
+	}
+	if cause := context.Cause(w.Context()); !errors.Is(cause, dlock.ErrLockLost) {
+		t.Fatalf("passed lease ended with %v, want ErrLockLost", cause)
+	}
+	if err := w.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Unlock of the lost passed lease: %v, want ErrLockLost", err)
+	}
+	if o, err := rdb.HGet(ctx, "dlock:{p}", "o").Result(); err != redis.Nil {
+		t.Fatalf("owner left at Redis: %q %v", o, err)
+	}
+}
+
+// TestPassStress: goroutines of two Clients lock one name, many with
+// deadlines that end while they wait, so that waiters give up at the moment
+// the lock is passed to them. Never two holders, every Unlock succeeds,
+// fences increase in grant order, passes happened (fence + 1), and the lock
+// is free at the end.
+func TestPassStress(t *testing.T) {
+	s := redistest.Start(t)
+	cs, rdb := newClients(t, s, 2)
+	ctx := ctxT(t, 30*time.Second)
+	var (
+		inside atomic.Int32
+		mu     sync.Mutex
+		fences []uint64
+		gaveUp atomic.Int32
+	)
+	end := time.Now().Add(3 * time.Second)
+	err := inGoroutines(12, func(g int) error {
+		m := cs[g%2].Mutex("stress")
+		r := rand.New(rand.NewPCG(uint64(g), 7))
+		for i := 0; i < 150 && time.Now().Before(end); i++ {
+			wait := 2 * time.Second
+			if r.IntN(2) == 0 {
+				wait = time.Duration(200+r.IntN(3000)) * time.Microsecond
+			}
+			lctx, cancel := context.WithTimeout(ctx, wait)
+			l, err := m.Lock(lctx)
+			cancel()
+			if err != nil {
+				if !errors.Is(err, context.DeadlineExceeded) {
+					return err
+				}
+				gaveUp.Add(1)
+				continue
+			}
+			if !inside.CompareAndSwap(0, 1) {
+				return errors.New("two holders at once")
+			}
+			mu.Lock()
+			fences = append(fences, l.Fence())
+			mu.Unlock()
+			time.Sleep(time.Duration(100+r.IntN(300)) * time.Microsecond)
+			inside.Store(0)
+			if err := l.Unlock(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	passes := 0
+	for i := 1; i < len(fences); i++ {
+		if fences[i] <= fences[i-1] {
+			t.Fatalf("fence %d granted after %d", fences[i], fences[i-1])
+		}
+		if fences[i] == fences[i-1]+1 {
+			passes++
+		}
+	}
+	t.Logf("%d grants, %d of them passed within a Client; %d waits gave up", len(fences), passes, gaveUp.Load())
+	if passes == 0 || gaveUp.Load() == 0 {
+		t.Fatal("the stress did not exercise passes and giving up")
+	}
+	if o, err := rdb.HGet(ctx, "dlock:{stress}", "o").Result(); err != redis.Nil {
+		t.Fatalf("owner left at Redis after every holder unlocked: %q %v", o, err)
+	}
+	l, err := cs[0].Mutex("stress").TryLock(ctx)
+	if err != nil {
+		t.Fatalf("the lock is not free at the end: %v", err)
+	}
+	_ = l.Unlock(ctx)
+}
