@@ -32,6 +32,14 @@
 //     sharded pub/sub channel. Every wait is bounded by the holder's remaining
 //     TTL, so a missed message or a crashed holder costs at most that TTL.
 //     Lock waits until its ctx ends; there is no retry limit.
+//   - In default mode a Client also passes the lock among its own waiters
+//     without a round trip before the next holder starts: the lock stays the
+//     passing lease's at Redis until the pass is recorded (the new lease lives
+//     on the old one's deadline until then, and ends with ErrLockLost if the
+//     old one had been lost), and the new fence is the old one plus one. The
+//     lock goes round the Clients in turns: a Client passes it only to the
+//     waiters it had queued when its turn began, then it goes back to the
+//     line at Redis. Fair, Semaphore and RWMutex waiters are never passed to.
 //   - Semaphore and RWMutex waiters, and Fair mutex waiters, wait in a line at
 //     Redis and are handed the lock (or permits) by the releasing script, in
 //     arrival order. A Semaphore never has more than its size in permits held;

@@ -298,6 +298,7 @@ func TestMutualExclusionAcrossProcesses(t *testing.T) {
 	}
 	// The counter value read inside each critical section is the grant order.
 	sort.Slice(grants, func(i, j int) bool { return grants[i].Counter < grants[j].Counter })
+	passes := 0
 	for i := 1; i < len(grants); i++ {
 		if grants[i].Counter != i {
 			t.Fatalf("grant %d read counter %d: two holders read the same value", i, grants[i].Counter)
@@ -305,6 +306,13 @@ func TestMutualExclusionAcrossProcesses(t *testing.T) {
 		if grants[i].Fence <= grants[i-1].Fence {
 			t.Fatalf("fence not increasing in grant order: %d then %d", grants[i-1].Fence, grants[i].Fence)
 		}
+		if grants[i].Fence == grants[i-1].Fence+1 {
+			passes++ // passed within a process (see pass.go)
+		}
+	}
+	t.Logf("%d grants, %d passed within a process", len(grants), passes)
+	if passes == 0 {
+		t.Fatal("no grant was passed within a process: the run did not exercise passes")
 	}
 	if res := checkHistory(all); res != porcupine.Ok {
 		t.Fatalf("history of %d operations is not linearizable: %v", len(all), res)

@@ -17,7 +17,7 @@ func init() {
 		name:  "dlock",
 		order: 10,
 		settings: func(e *env) string {
-			return fmt.Sprintf("dlock.New(shared go-redis client); Client.Mutex(key, dlock.TTL(%v)) per lock, defaults otherwise (watchdog renewal every TTL/3, local FIFO queue whose head waits in the line at Redis and is handed the lock by the release); Lock(ctx) waits until ctx ends", e.ttl)
+			return fmt.Sprintf("dlock.New(shared go-redis client); Client.Mutex(key, dlock.TTL(%v)) per lock, defaults otherwise (watchdog renewal every TTL/3, local FIFO queue whose head waits in the line at Redis and is handed the lock by the release; a holder passes the lock to its own Client's waiters queued when its turn began, recorded at Redis a round trip later); Lock(ctx) waits until ctx ends", e.ttl)
 		},
 		open: func(e *env) (locker, error) { return openDlock(e) },
 	})
