@@ -337,8 +337,9 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 	m.joinLine(h)
 	backoff := time.Millisecond
 	for {
-		if c.claimed(w) {
+		if p := c.claimed(w); p != nil {
 			<-grant // passed to us (see pass.go) just before we looked
+			c.takePass(h, p)
 			return &h.first, nil
 		}
 		sent := time.Now()
@@ -360,12 +361,17 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 			}
 		}
 		timer.Reset(max(min(left, fairLiveness/3), time.Millisecond))
-		c.readyFor(w, h)
+		c.readyFor(w, h.token, m.ttlArg)
 	sleep:
 		select {
 		case f := <-grant:
+			// No pass may be made to us from here on; one made just before
+			// a hand-over from Redis reached us is ignored (it fails to
+			// record: the lock at Redis was not the passer's).
+			p := c.claimed(w)
 			if f == 0 {
-				return &h.first, nil // passed to us by a holder of this Client
+				c.takePass(h, p) // passed to us by a holder of this Client
+				return &h.first, nil
 			}
 			l, err := m.granted(ctx, h, f, sent)
 			if l != nil {
@@ -388,10 +394,12 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 // quit ends a wait that ctx or Close cut short. A lock passed to the waiter
 // at that moment is passed on or released rather than kept.
 func (m *Mutex) quit(ctx context.Context, h *holding, w *waiter, grant chan uint64, cause error) error {
-	if !m.c.claimed(w) {
+	p := m.c.claimed(w)
+	if p == nil {
 		return m.giveUp(ctx, h, cause)
 	}
 	<-grant
+	m.c.takePass(h, p)
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.ttl, 5*time.Second))
 	_ = h.first.Unlock(uctx)
 	cancel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -31,20 +32,32 @@ import (
 // and the lock is passed only to waiters that were queued when the turn
 // began; then it goes back to the line at Redis, to the next Client.
 type pass struct {
-	from, to *holding
-	done     chan struct{} // closed once settled
-	err      error         // set before done closes: nil if recorded, else why the new lease was lost
+	fromToken, fromFence string // the old holding's
+	toToken, toFence     string // the waiter's token, and fromFence + 1
+	fence                uint64 // fromFence + 1
+	ttlArg               string // the waiter's TTL in ms
+	keys                 []string
+	deadline             time.Time // the old lease's: the new one's until recorded
+	turnEnd              uint64
+	done                 chan struct{} // closed once settled (and applied to the holding, if taken)
+
+	mu      sync.Mutex
+	to      *holding // the waiter's holding, once it took the pass
+	settled bool
+	err     error     // nil if recorded, else why the new lease was lost
+	why     string    // with err
+	sent    time.Time // when the record that landed was sent
 }
 
 // passMargin is the least an old holder's lease must have left for it to be
 // passed on: the new holder relies on it until the pass is recorded.
 const passMargin = 50 * time.Millisecond
 
-// passOn gives h's lock (being unlocked) to this Client's head waiter for
-// it, if that waiter is asleep waiting and was queued before h's turn began.
-// h's lease is valid until deadline. It returns nil if there is no such
-// waiter; otherwise the waiter's Lock is returning and the record is being
-// made in the background.
+// passOn gives h's lock (being unlocked, valid until deadline) to this
+// Client's head waiter for it, if that waiter is asleep in line and was
+// queued before h's turn ended. It returns nil if there is no such waiter;
+// otherwise the waiter is woken, takes the pass (takePass) and its Lock
+// returns, while the pass is recorded at Redis in the background.
 func (c *Client) passOn(h *holding, deadline time.Time) *pass {
 	if h.acqScript != acquireScript || h.turnEnd == 0 || time.Until(deadline) < passMargin {
 		return nil // Fair, semaphore and RWMutex holders keep the line's order
@@ -56,63 +69,75 @@ func (c *Client) passOn(h *holding, deadline time.Time) *pass {
 		return nil
 	}
 	w := q.waiters[0]
-	to := w.ready
-	if to == nil || w.seq > h.turnEnd {
+	if !w.ready || w.seq > h.turnEnd {
 		c.mu.Unlock()
 		return nil
 	}
-	w.ready, w.passed = nil, true
-	grant := c.grants[to.token]
-	c.mu.Unlock()
-
-	p := &pass{from: h, to: to, done: make(chan struct{})}
-	to.fence = h.fence + 1
-	to.fenceStr = strconv.FormatUint(to.fence, 10)
-	to.deadline = deadline
-	to.turnEnd = h.turnEnd
-	to.contended = true
-	to.pending = p
-	c.dog.addPending(to)
-	if !c.goBg(func() { c.record(p) }) {
-		p.settle(nil, "the Client closed before the pass was recorded")
+	select {
+	case c.grants[w.token] <- 0: // only a pass sends 0 (fences start far above it)
+	default:
+		// A hand-over from Redis is already waiting for it: the lock at
+		// Redis is not ours any more. Release as usual (and learn so).
+		c.mu.Unlock()
+		return nil
 	}
-	grant <- 0 // buffered, and only a pass sends 0 (fences start above it)
+	p := &pass{
+		fromToken: h.token, fromFence: h.fenceStr, toToken: w.token, fence: h.fence + 1,
+		ttlArg: w.ttlArg, keys: h.keys, deadline: deadline, turnEnd: h.turnEnd, done: make(chan struct{}),
+	}
+	p.toFence = strconv.FormatUint(p.fence, 10)
+	w.ready, w.pass = false, p
+	c.mu.Unlock()
+	if !c.goBg(func() { c.record(p) }) {
+		p.finish(ErrLockLost, "the Client closed before the pass was recorded", time.Time{})
+	}
 	return p
 }
 
+// takePass makes h, the holding of a waiter that was passed the lock, held:
+// fence + 1 and the old lease's deadline until the record lands.
+func (c *Client) takePass(h *holding, p *pass) {
+	h.fence, h.fenceStr = p.fence, p.toFence
+	h.deadline = p.deadline
+	h.turnEnd = p.turnEnd
+	h.contended = true
+	h.pending = p
+	c.dog.addPending(h)
+	p.mu.Lock()
+	p.to = h
+	settled := p.settled
+	p.mu.Unlock()
+	if settled {
+		p.apply(h)
+	}
+}
+
 // record makes the pass known at Redis, retrying an unknown outcome until
-// the new holder's inherited deadline.
+// the inherited deadline.
 func (c *Client) record(p *pass) {
-	to, from := p.to, p.from
-	ttl := strconv.FormatInt(to.ttl.Milliseconds(), 10)
-	ctx, cancel := context.WithDeadline(c.bg, to.deadline)
+	ctx, cancel := context.WithDeadline(c.bg, p.deadline)
 	defer cancel()
 	backoff := time.Millisecond
 	for {
 		sent := time.Now()
-		v, err := passScript.run(ctx, c.rdb, to.keys, from.token, from.fenceStr, to.token, to.fenceStr, ttl)
+		v, err := passScript.run(ctx, c.rdb, p.keys, p.fromToken, p.fromFence, p.toToken, p.toFence, p.ttlArg)
 		switch {
 		case err == nil && v == int64(1):
-			to.mu.Lock()
-			if to.state == stateHeld {
-				to.deadline = sent.Add(validity(to.ttl))
-			}
-			due := to.nextDue(sent)
-			to.mu.Unlock()
-			c.dog.reschedule(to, due)
-			p.settle(nil, "")
+			p.finish(nil, "", sent)
 			return
-		case err == nil || isForeign(to.key, err):
-			p.settle(ErrLockLost, "the lock was no longer held when it was passed on")
+		case err == nil || isForeign(p.keys[0], err):
+			p.finish(ErrLockLost, "the lock was no longer held when it was passed on", sent)
 			return
 		case ctx.Err() != nil:
-			// It may have landed: then the new token owns the lock, which
-			// nobody would release before its TTL.
-			c.abandonHolding(to)
-			p.settle(ErrLockLost, fmt.Sprintf("the pass could not be recorded at Redis in time: %v", err))
+			// It may have landed: then the waiter's token owns the lock,
+			// and nobody would release it before its TTL.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_, _ = releaseScript.run(rctx, c.rdb, p.keys, p.toToken, p.toFence, c.idleArg, p.keys[0])
+			cancel()
+			p.finish(ErrLockLost, fmt.Sprintf("the pass could not be recorded at Redis in time: %v", err), sent)
 			return
 		}
-		c.cfg.logger.Debug("dlock: recording a pass failed, retrying", "lock", to.name, "err", err)
+		c.cfg.logger.Debug("dlock: recording a pass failed, retrying", "lock", p.keys[0], "err", err)
 		select {
 		case <-ctx.Done():
 		case <-time.After(backoff):
@@ -121,13 +146,36 @@ func (c *Client) record(p *pass) {
 	}
 }
 
-// settle ends the pass: with err, the new lease is lost (why says how).
-func (p *pass) settle(err error, why string) {
+// finish settles the pass and applies the outcome to the waiter's holding
+// if it has taken the pass (else takePass will).
+func (p *pass) finish(err error, why string, sent time.Time) {
+	p.mu.Lock()
+	p.settled, p.why, p.sent = true, why, sent
 	if err != nil {
 		p.err = fmt.Errorf("%w: %s", err, why)
-		p.to.lose(why)
+	}
+	to := p.to
+	p.mu.Unlock()
+	if to != nil {
+		p.apply(to)
 	}
 	close(p.done)
+}
+
+// apply gives a recorded pass's holding its own deadline and renewal, or
+// ends it if the pass failed.
+func (p *pass) apply(h *holding) {
+	if p.err != nil {
+		h.lose(p.why)
+		return
+	}
+	h.mu.Lock()
+	if h.state == stateHeld {
+		h.deadline = p.sent.Add(validity(h.ttl))
+	}
+	due := h.nextDue(p.sent)
+	h.mu.Unlock()
+	h.c.dog.reschedule(h, due)
 }
 
 // settle waits until a lease passed to h is recorded at Redis (or lost);
@@ -154,12 +202,4 @@ func (p *pass) result(ctx context.Context) (settled bool, err error) {
 	case <-ctx.Done():
 		return false, ctx.Err()
 	}
-}
-
-// abandonHolding releases, with a fresh deadline, a holding whose state at
-// Redis is unknown.
-func (c *Client) abandonHolding(h *holding) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.bg), min(h.ttl, 5*time.Second))
-	defer cancel()
-	_, _ = h.relScript.do(ctx, c.rdb, h.rel[:h.relLen])
 }

@@ -149,3 +149,68 @@ func TestPassStress(t *testing.T) {
 	}
 	_ = l.Unlock(ctx)
 }
+
+// TestPassNotOverARedisHandOver: a holder whose lock was lost behind its
+// back (deleted, then taken and released by another Client, after which the
+// holder's own waiter got it through Redis) passes nothing over that: its
+// Unlock says ErrLockLost and the waiter's lease, granted by Redis, stays
+// held with Redis's fence.
+func TestPassNotOverARedisHandOver(t *testing.T) {
+	s := redistest.Start(t)
+	cs, rdb := newClients(t, s, 2)
+	ctx := ctxT(t, 20*time.Second)
+	first, err := cs[0].Mutex("q").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := make(chan *dlock.Lease, 2)
+	lock := func() {
+		l, err := cs[1].Mutex("q").Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		leases <- l
+	}
+	go lock()
+	waitLine(t, ctx, rdb, "dlock:{q}", 1)
+	go lock()
+	time.Sleep(100 * time.Millisecond)
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-leases // its turn covers the second waiter
+	if a == nil {
+		t.FailNow()
+	}
+	waitLine(t, ctx, rdb, "dlock:{q}", 1)
+	time.Sleep(50 * time.Millisecond)
+	if err := rdb.Del(ctx, "dlock:{q}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	other, err := cs[0].Mutex("q").TryLock(ctx)
+	if err != nil {
+		t.Fatalf("the deleted lock was not free: %v", err)
+	}
+	if err := other.Unlock(ctx); err != nil { // hands it to the waiter in line
+		t.Fatal(err)
+	}
+	w := <-leases
+	if w == nil {
+		t.FailNow()
+	}
+	if err := a.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Unlock of the lost lease: %v, want ErrLockLost", err)
+	}
+	if w.Fence() <= other.Fence() {
+		t.Fatalf("waiter's fence %d not above the other holder's %d", w.Fence(), other.Fence())
+	}
+	if _, err := w.TTL(ctx); err != nil {
+		t.Fatalf("the waiter's lease from Redis was disturbed: %v", err)
+	}
+	if o := rdb.HGet(ctx, "dlock:{q}", "o").Val(); o != w.Token() {
+		t.Fatalf("owner %q, want the waiter's token", o)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

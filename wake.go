@@ -31,8 +31,10 @@ type waiter struct {
 	seq  uint64 // order of arrival in its queue, from 1
 
 	// Guarded by Client.mu (see pass.go).
-	ready  *holding // asleep in line: the lock may be passed to this holding
-	passed bool     // it was: the pass arrives on the waiter's grant channel
+	ready  bool   // asleep in line: the lock may be passed to it
+	token  string // its holding's, while ready
+	ttlArg string // its lease's TTL in ms, while ready
+	pass   *pass  // the lock was passed to it: a 0 is on its grant channel
 }
 
 func (c *Client) queued(key string) bool {
@@ -81,21 +83,22 @@ func (c *Client) dequeue(q *queue, w *waiter) {
 	c.dropIfIdle(q)
 }
 
-// readyFor marks the head waiter w as asleep in line with holding h, which
-// an Unlock of this Client may then pass the lock to.
-func (c *Client) readyFor(w *waiter, h *holding) {
+// readyFor marks the head waiter w as asleep in line with the holding of
+// token (whose lease is ttlArg ms): an Unlock of this Client may then pass
+// the lock to it.
+func (c *Client) readyFor(w *waiter, token, ttlArg string) {
 	c.mu.Lock()
-	w.ready = h
+	w.ready, w.token, w.ttlArg = true, token, ttlArg
 	c.mu.Unlock()
 }
 
-// claimed reports whether the lock was passed to w; if not, none will be
+// claimed returns the pass made to w, if any; after it, none will be made
 // until readyFor is called again.
-func (c *Client) claimed(w *waiter) bool {
+func (c *Client) claimed(w *waiter) *pass {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	w.ready = nil
-	return w.passed
+	w.ready = false
+	return w.pass
 }
 
 // turnFrom returns the last waiter of the turn that a holding of q's lock
