@@ -73,9 +73,8 @@ func (c *Client) passOn(h *holding, deadline time.Time) *pass {
 		c.mu.Unlock()
 		return nil
 	}
-	select {
-	case c.grants[w.token] <- 0: // only a pass sends 0 (fences start far above it)
-	default:
+	grant := c.grants[w.token]
+	if grant == nil || len(grant) != 0 {
 		// A hand-over from Redis is already waiting for it: the lock at
 		// Redis is not ours any more. Release as usual (and learn so).
 		c.mu.Unlock()
@@ -87,10 +86,16 @@ func (c *Client) passOn(h *holding, deadline time.Time) *pass {
 	}
 	p.toFence = strconv.FormatUint(p.fence, 10)
 	w.ready, w.pass = false, p
-	c.mu.Unlock()
+	// Start the record before waking the waiter: the goroutine woken last
+	// runs next on this P, and the waiter's Lock should return first.
 	if !c.goBg(func() { c.record(p) }) {
 		p.finish(ErrLockLost, "the Client closed before the pass was recorded", time.Time{})
 	}
+	// Every send on a grant channel holds c.mu, and this one is empty with
+	// room for one: the send cannot block. Only a pass sends 0 (fences
+	// start far above it).
+	grant <- 0
+	c.mu.Unlock()
 	return p
 }
 
