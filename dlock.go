@@ -146,7 +146,9 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // Close ends the Client: held leases are released (best effort, within a
 // few seconds) and their contexts end with cause ErrClosed; waiting calls
 // return ErrClosed; background goroutines end. Further calls return
-// ErrClosed. Close is idempotent and does not close the Redis client.
+// ErrClosed. A lock taken, passed or handed over to a call as Close runs is
+// released by that call, which returns ErrClosed. Close is idempotent and
+// does not close the Redis client.
 func (c *Client) Close() error {
 	if c.closed.Swap(true) {
 		return nil

@@ -88,6 +88,9 @@ func (m *Mutex) granted(ctx context.Context, h *holding, f uint64, sent time.Tim
 	h.mu.Lock()
 	h.ttl = ttl
 	h.mu.Unlock()
+	if h.raced(ctx) {
+		return nil, nameErr(m.name, ErrClosed)
+	}
 	if h.renew {
 		return &h.first, nil // activate scheduled the renewal at sent + min(TTL, fairLiveness)/3
 	}

@@ -133,6 +133,20 @@ func (h *holding) activate(fence uint64, sent time.Time) {
 	h.c.dog.add(h, h.nextDue(sent))
 }
 
+// raced, called just after h was activated, reports whether Close raced
+// with the acquisition; then it releases the lock (Close did not see h).
+// Close sets closed before it collects the held leases, so a holding
+// activated before that is Close's to release, and one after is seen here.
+func (h *holding) raced(ctx context.Context) bool {
+	if !h.c.closed.Load() {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(h.ttl, 5*time.Second))
+	_ = h.first.Unlock(rctx)
+	cancel()
+	return true
+}
+
 // nextDue is when the watchdog must next look at h: renew at a third of the
 // TTL, or at the deadline when it does not renew. Called with h.mu held or
 // before h is shared.
@@ -396,9 +410,10 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	if passed != nil {
 		return l.passResult(ctx, passed) // a retry: the pass was made
 	}
-	if st == stateClosed || h.c.closed.Load() {
+	if st == stateClosed || (st != stateHeld && h.c.closed.Load()) {
 		return l.finish(nameErr(h.name, ErrClosed))
 	}
+	// Held after Close: taken as Close ran (see raced). Release it as usual.
 	if h.pending != nil {
 		// Passed to us: ours at Redis only once recorded.
 		if err := h.settle(ctx); err != nil {

@@ -236,13 +236,11 @@ func (m *Mutex) attempt(ctx context.Context, h *holding, waited bool) (*Lease, t
 		}
 		return nil, left, uint64(f), nil
 	}
-	if m.c.closed.Load() {
-		// Close raced with us: give the lock straight back.
-		m.abandon(ctx, h.token, ErrClosed)
-		return nil, 0, 0, ErrClosed
-	}
 	h.already = len(r) > 2 && r[2] == int64(1)
 	h.activate(uint64(n), sent)
+	if h.raced(ctx) {
+		return nil, 0, 0, ErrClosed
+	}
 	return &h.first, 0, 0, nil
 }
 
@@ -283,7 +281,7 @@ func (m *Mutex) abandon(ctx context.Context, token string, err error) {
 		return
 	}
 	c := m.c
-	c.goBg(func() {
+	release := func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.ttl, 5*time.Second))
 		defer cancel()
 		var v any
@@ -296,7 +294,10 @@ func (m *Mutex) abandon(ctx context.Context, token string, err error) {
 		if err == nil && v.(int64) != 0 {
 			c.cfg.logger.Debug("dlock: released an acquire whose reply was lost", "lock", m.name)
 		}
-	})
+	}
+	if !c.goBg(release) {
+		release() // the Client is closing: no goroutine may start
+	}
 }
 
 // wait queues behind this Client's earlier waiters for the lock. At the head
@@ -339,7 +340,9 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 	for {
 		if p := c.claimed(w); p != nil {
 			<-grant // passed to us (see pass.go) just before we looked
-			c.takePass(h, p)
+			if !c.takePass(h, p) {
+				return nil, nameErr(m.name, ErrClosed)
+			}
 			return &h.first, nil
 		}
 		sent := time.Now()
@@ -370,7 +373,9 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 			// record: the lock at Redis was not the passer's).
 			p := c.claimed(w)
 			if f == 0 {
-				c.takePass(h, p) // passed to us by a holder of this Client
+				if !c.takePass(h, p) { // passed to us by a holder of this Client
+					return nil, nameErr(m.name, ErrClosed)
+				}
 				return &h.first, nil
 			}
 			l, err := m.granted(ctx, h, f, sent)

@@ -69,7 +69,7 @@ func (c *Client) passOn(h *holding, deadline time.Time) *pass {
 		return nil
 	}
 	w := q.waiters[0]
-	if !w.ready || w.seq > h.turnEnd {
+	if !w.ready || w.seq > h.turnEnd || c.closed.Load() {
 		c.mu.Unlock()
 		return nil
 	}
@@ -85,12 +85,13 @@ func (c *Client) passOn(h *holding, deadline time.Time) *pass {
 		ttlArg: w.ttlArg, keys: h.keys, deadline: deadline, turnEnd: h.turnEnd, done: make(chan struct{}),
 	}
 	p.toFence = strconv.FormatUint(p.fence, 10)
-	w.ready, w.pass = false, p
 	// Start the record before waking the waiter: the goroutine woken last
 	// runs next on this P, and the waiter's Lock should return first.
 	if !c.goBg(func() { c.record(p) }) {
-		p.finish(ErrLockLost, "the Client closed before the pass was recorded", time.Time{})
+		c.mu.Unlock()
+		return nil // closing: release as usual
 	}
+	w.ready, w.pass = false, p
 	// Every send on a grant channel holds c.mu, and this one is empty with
 	// room for one: the send cannot block. Only a pass sends 0 (fences
 	// start far above it).
@@ -100,8 +101,9 @@ func (c *Client) passOn(h *holding, deadline time.Time) *pass {
 }
 
 // takePass makes h, the holding of a waiter that was passed the lock, held:
-// fence + 1 and the old lease's deadline until the record lands.
-func (c *Client) takePass(h *holding, p *pass) {
+// fence + 1 and the old lease's deadline until the record lands. It reports
+// false if the Client closed meanwhile, after releasing the lock (raced).
+func (c *Client) takePass(h *holding, p *pass) bool {
 	h.fence, h.fenceStr = p.fence, p.toFence
 	h.deadline = p.deadline
 	h.turnEnd = p.turnEnd
@@ -115,6 +117,7 @@ func (c *Client) takePass(h *holding, p *pass) {
 	if settled {
 		p.apply(h)
 	}
+	return !h.raced(context.Background())
 }
 
 // record makes the pass known at Redis, retrying an unknown outcome until
@@ -134,10 +137,10 @@ func (c *Client) record(p *pass) {
 			p.finish(ErrLockLost, "the lock was no longer held when it was passed on", sent)
 			return
 		case ctx.Err() != nil:
-			// It may have landed: then the waiter's token owns the lock,
-			// and nobody would release it before its TTL.
+			// Whether it landed is unknown: whichever token owns the lock,
+			// nobody else would release it before its TTL.
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_, _ = releaseScript.run(rctx, c.rdb, p.keys, p.toToken, p.toFence, c.idleArg, p.keys[0])
+			c.releasePassed(rctx, p)
 			cancel()
 			p.finish(ErrLockLost, fmt.Sprintf("the pass could not be recorded at Redis in time: %v", err), sent)
 			return
@@ -149,6 +152,16 @@ func (c *Client) record(p *pass) {
 		}
 		backoff = min(2*backoff, 100*time.Millisecond)
 	}
+}
+
+// releasePassed releases p's lock, if either of its tokens owns it (each
+// release compares the owner first).
+func (c *Client) releasePassed(ctx context.Context, p *pass) {
+	// The old token first: a record still in flight that runs after it
+	// finds the lock not the old holder's and changes nothing; one that ran
+	// before it made the new token the owner, released next.
+	_, _ = releaseScript.run(ctx, c.rdb, p.keys, p.fromToken, p.fromFence, c.idleArg, p.keys[0])
+	_, _ = releaseScript.run(ctx, c.rdb, p.keys, p.toToken, p.toFence, c.idleArg, p.keys[0])
 }
 
 // finish settles the pass and applies the outcome to the waiter's holding
@@ -168,7 +181,8 @@ func (p *pass) finish(err error, why string, sent time.Time) {
 }
 
 // apply gives a recorded pass's holding its own deadline and renewal, or
-// ends it if the pass failed.
+// ends it if the pass failed; it runs once, after both the record settled
+// and the waiter took the pass.
 func (p *pass) apply(h *holding) {
 	if p.err != nil {
 		h.lose(p.why)

@@ -214,3 +214,68 @@ func TestPassNotOverARedisHandOver(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPassCloseRace: Close of a Client whose holders are passing a lock
+// among its waiters (and, in every third round, handing it over through
+// Redis in Fair mode), at a random moment, leaves nothing locked once every
+// call has returned: not a lock taken as Close ran, nor one passed or
+// handed to a waiter. Lock ends with ErrClosed; Unlock with nil, ErrClosed
+// or ErrLockLost (a pass that Close cut short).
+func TestPassCloseRace(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client(t)
+	ctx := ctxT(t, 60*time.Second)
+	r := rand.New(rand.NewPCG(3, 11))
+	end := time.Now().Add(8 * time.Second)
+	passes := 0
+	for i := 0; i < 40 && time.Now().Before(end); i++ {
+		c := dlock.New(rdb)
+		name := "close" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+		var fences sync.Map
+		stop := time.Duration(2+r.IntN(20)) * time.Millisecond
+		time.AfterFunc(stop, func() { _ = c.Close() })
+		err := inGoroutines(6, func(g int) error {
+			opts := []dlock.LockOption{dlock.TTL(30 * time.Second)}
+			if i%3 == 2 {
+				opts = append(opts, dlock.Fair()) // hand-overs from Redis only
+			}
+			m := c.Mutex(name, opts...)
+			r := rand.New(rand.NewPCG(uint64(i), uint64(g)))
+			for {
+				l, err := m.Lock(ctx)
+				if errors.Is(err, dlock.ErrClosed) {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				fences.Store(l.Fence(), true)
+				time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond)
+				if err := l.Unlock(ctx); err != nil && !errors.Is(err, dlock.ErrClosed) && !errors.Is(err, dlock.ErrLockLost) {
+					return err
+				}
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.Close()
+		fences.Range(func(f, _ any) bool {
+			if _, ok := fences.Load(f.(uint64) - 1); ok {
+				passes++
+			}
+			return true
+		})
+		if o, err := rdb.HGet(ctx, "dlock:{"+name+"}", "o").Result(); err != redis.Nil {
+			t.Logf("lock key %v, TTL %v", rdb.HGetAll(ctx, "dlock:{"+name+"}").Val(), rdb.PTTL(ctx, "dlock:{"+name+"}").Val())
+			var fs []uint64
+			fences.Range(func(f, _ any) bool { fs = append(fs, f.(uint64)); return true })
+			t.Logf("fences %v", fs)
+			t.Fatalf("round %d (Close after %v): owner %q left at Redis after Close (%v)", i, stop, o, err)
+		}
+	}
+	if passes == 0 {
+		t.Fatal("no lock was passed within the Client: the race was not exercised")
+	}
+	t.Logf("%d passes", passes)
+}
