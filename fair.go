@@ -2,7 +2,6 @@ package dlock
 
 import (
 	"context"
-	"errors"
 	"time"
 )
 
@@ -122,10 +121,7 @@ func (m *Mutex) giveUp(ctx context.Context, h *holding, cause error) error {
 			_ = h.first.Unlock(lctx)
 		}
 	}
-	if errors.Is(cause, ErrClosed) {
-		return nameErr(m.name, ErrClosed)
-	}
-	return m.fail(ctx, cause)
+	return m.stopped(ctx, cause)
 }
 
 func isClosed(ch chan struct{}) bool {

@@ -141,10 +141,16 @@ func (h *holding) raced(ctx context.Context) bool {
 	if !h.c.closed.Load() {
 		return false
 	}
+	h.unlockNow(ctx)
+	return true
+}
+
+// unlockNow unlocks a holding its caller will not return, even if ctx has
+// ended, within min(TTL, 5s).
+func (h *holding) unlockNow(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(h.ttl, 5*time.Second))
 	_ = h.first.Unlock(rctx)
 	cancel()
-	return true
 }
 
 // nextDue is when the watchdog must next look at h: renew at a third of the
@@ -427,12 +433,9 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	// Stop renewing and end the lease context before releasing: a lease
 	// that is being given up is no longer one to rely on.
 	if st == stateHeld {
-		h.mu.Lock()
-		deadline := h.deadline
-		h.mu.Unlock()
 		if h.end(stateReleased, context.Canceled) {
 			// A waiter of ours whose turn it is takes it at once.
-			if p := h.c.passOn(h, deadline); p != nil {
+			if p := h.c.passOn(h); p != nil {
 				h.mu.Lock()
 				h.passedOn = p
 				h.mu.Unlock()

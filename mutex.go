@@ -340,10 +340,7 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 	for {
 		if p := c.claimed(w); p != nil {
 			<-grant // passed to us (see pass.go) just before we looked
-			if !c.takePass(h, p) {
-				return nil, nameErr(m.name, ErrClosed)
-			}
-			return &h.first, nil
+			return m.takePass(h, p)
 		}
 		sent := time.Now()
 		l, left, seen, err, done := m.look(ctx, h, grant, &backoff)
@@ -373,10 +370,7 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 			// record: the lock at Redis was not the passer's).
 			p := c.claimed(w)
 			if f == 0 {
-				if !c.takePass(h, p) { // passed to us by a holder of this Client
-					return nil, nameErr(m.name, ErrClosed)
-				}
-				return &h.first, nil
+				return m.takePass(h, p) // passed to us by a holder of this Client
 			}
 			l, err := m.granted(ctx, h, f, sent)
 			if l != nil {
@@ -404,10 +398,22 @@ func (m *Mutex) quit(ctx context.Context, h *holding, w *waiter, grant chan uint
 		return m.giveUp(ctx, h, cause)
 	}
 	<-grant
-	m.c.takePass(h, p)
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.ttl, 5*time.Second))
-	_ = h.first.Unlock(uctx)
-	cancel()
+	if m.c.takePass(h, p) {
+		h.unlockNow(ctx)
+	}
+	return m.stopped(ctx, cause)
+}
+
+// takePass returns the lease of a waiter the lock was passed to.
+func (m *Mutex) takePass(h *holding, p *pass) (*Lease, error) {
+	if !m.c.takePass(h, p) {
+		return nil, nameErr(m.name, ErrClosed)
+	}
+	return &h.first, nil
+}
+
+// stopped is the error of a wait that ctx or Close (cause ErrClosed) ended.
+func (m *Mutex) stopped(ctx context.Context, cause error) error {
 	if errors.Is(cause, ErrClosed) {
 		return nameErr(m.name, ErrClosed)
 	}

@@ -53,14 +53,20 @@ type pass struct {
 // passed on: the new holder relies on it until the pass is recorded.
 const passMargin = 50 * time.Millisecond
 
-// passOn gives h's lock (being unlocked, valid until deadline) to this
-// Client's head waiter for it, if that waiter is asleep in line and was
-// queued before h's turn ended. It returns nil if there is no such waiter;
-// otherwise the waiter is woken, takes the pass (takePass) and its Lock
-// returns, while the pass is recorded at Redis in the background.
-func (c *Client) passOn(h *holding, deadline time.Time) *pass {
-	if h.acqScript != acquireScript || h.turnEnd == 0 || time.Until(deadline) < passMargin {
+// passOn gives h's lock (being unlocked) to this Client's head waiter for
+// it, if that waiter is asleep in line and was queued before h's turn ended.
+// It returns nil if there is no such waiter; otherwise the waiter is woken,
+// takes the pass (takePass) and its Lock returns, while the pass is recorded
+// at Redis in the background.
+func (c *Client) passOn(h *holding) *pass {
+	if h.acqScript != acquireScript || h.turnEnd == 0 {
 		return nil // Fair, semaphore and RWMutex holders keep the line's order
+	}
+	h.mu.Lock()
+	deadline := h.deadline
+	h.mu.Unlock()
+	if time.Until(deadline) < passMargin {
+		return nil
 	}
 	c.mu.Lock()
 	q := c.queues[h.key]

@@ -22,31 +22,7 @@ func TestPassLostLease(t *testing.T) {
 	s := redistest.Start(t)
 	cs, rdb := newClients(t, s, 2)
 	ctx := ctxT(t, 20*time.Second)
-	first, err := cs[0].Mutex("p").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leases := make(chan *dlock.Lease, 2)
-	lock := func() {
-		l, err := cs[1].Mutex("p").Lock(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		leases <- l
-	}
-	go lock()
-	waitLine(t, ctx, rdb, "dlock:{p}", 1) // the first waiter is in line at Redis
-	go lock()
-	time.Sleep(100 * time.Millisecond) // the second is queued behind it, in its Client
-	if err := first.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	a := <-leases // handed over through Redis: its turn covers the second waiter
-	if a == nil {
-		t.FailNow()
-	}
-	waitLine(t, ctx, rdb, "dlock:{p}", 1) // the second waiter, now the head, is in line
-	time.Sleep(50 * time.Millisecond)
+	a, leases := inTurn(t, ctx, cs, rdb, "p")
 	if err := rdb.Del(ctx, "dlock:{p}").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +50,41 @@ func TestPassLostLease(t *testing.T) {
 	if o, err := rdb.HGet(ctx, "dlock:{p}", "o").Result(); err != redis.Nil {
 		t.Fatalf("owner left at Redis: %q %v", o, err)
 	}
+}
+
+// inTurn sets up a pass: cs[0] holds name while two waiters of cs[1] queue;
+// cs[0] unlocks, so the first waiter gets the lock through Redis (lease a)
+// and its Client's turn covers the second, which is now asleep in line
+// behind it. The second waiter's Lock result comes on leases (nil: failed).
+func inTurn(t *testing.T, ctx context.Context, cs []*dlock.Client, rdb *redis.Client, name string, opts ...dlock.LockOption) (a *dlock.Lease, leases <-chan *dlock.Lease) {
+	t.Helper()
+	key := "dlock:{" + name + "}"
+	first, err := cs[0].Mutex(name, opts...).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dlock.Lease, 2)
+	lock := func() {
+		l, err := cs[1].Mutex(name, opts...).Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}
+	go lock()
+	waitLine(t, ctx, rdb, key, 1) // the first waiter is in line at Redis
+	go lock()
+	time.Sleep(100 * time.Millisecond) // the second is queued behind it, in its Client
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a = <-got // handed over through Redis: its turn covers the second waiter
+	if a == nil {
+		t.FailNow()
+	}
+	waitLine(t, ctx, rdb, key, 1) // the second waiter, now the head, is in line
+	time.Sleep(50 * time.Millisecond)
+	return a, got
 }
 
 // TestPassStress: goroutines of two Clients lock one name, many with
@@ -159,31 +170,7 @@ func TestPassNotOverARedisHandOver(t *testing.T) {
 	s := redistest.Start(t)
 	cs, rdb := newClients(t, s, 2)
 	ctx := ctxT(t, 20*time.Second)
-	first, err := cs[0].Mutex("q").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leases := make(chan *dlock.Lease, 2)
-	lock := func() {
-		l, err := cs[1].Mutex("q").Lock(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		leases <- l
-	}
-	go lock()
-	waitLine(t, ctx, rdb, "dlock:{q}", 1)
-	go lock()
-	time.Sleep(100 * time.Millisecond)
-	if err := first.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	a := <-leases // its turn covers the second waiter
-	if a == nil {
-		t.FailNow()
-	}
-	waitLine(t, ctx, rdb, "dlock:{q}", 1)
-	time.Sleep(50 * time.Millisecond)
+	a, leases := inTurn(t, ctx, cs, rdb, "q")
 	if err := rdb.Del(ctx, "dlock:{q}").Err(); err != nil {
 		t.Fatal(err)
 	}
