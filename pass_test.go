@@ -266,3 +266,65 @@ func TestPassCloseRace(t *testing.T) {
 	}
 	t.Logf("%d passes", passes)
 }
+
+// TestPassRecordLate: Redis is paused as a holder passes the lock, until
+// past the inherited deadline, so the record of the pass gives up. The passed
+// lease ends with ErrLockLost at that deadline, and once Redis resumes the
+// lock is free at once: neither the old token (whose key the test made
+// outlive the client's deadline, as a server clock running slow would) nor
+// the new one (if the given-up record still lands) keeps it for a TTL.
+func TestPassRecordLate(t *testing.T) {
+	s := redistest.Start(t)
+	cs, rdb := newClients(t, s, 2)
+	ctx := ctxT(t, 30*time.Second)
+	const ttl = 2 * time.Second
+	const key = "dlock:{late}"
+	a, leases := inTurn(t, ctx, cs, rdb, "late", dlock.TTL(ttl), dlock.NoRenew())
+	if err := rdb.PExpire(ctx, key, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			s.Resume()
+		}
+	}()
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- a.Unlock(ctx) }()
+	w := <-leases
+	if w == nil {
+		t.FailNow()
+	}
+	if w.Fence() != a.Fence()+1 {
+		t.Fatalf("fence %d, want %d: not passed", w.Fence(), a.Fence()+1)
+	}
+	select {
+	case <-w.Context().Done():
+	case <-time.After(2 * ttl):
+		t.Fatal("the passed lease outlived its inherited deadline")
+	}
+	if cause := context.Cause(w.Context()); !errors.Is(cause, dlock.ErrLockLost) {
+		t.Fatalf("passed lease ended with %v, want ErrLockLost", cause)
+	}
+	time.Sleep(100 * time.Millisecond)
+	s.Resume()
+	resumed = true
+	free := time.Now().Add(ttl / 2) // pass.lua would give the new owner a full TTL
+	for {
+		o, err := rdb.HGet(ctx, key, "o").Result()
+		if err == redis.Nil {
+			break
+		}
+		if time.Now().After(free) {
+			t.Fatalf("owner %q (%v) still at Redis %v after resuming (PTTL %v)", o, err, ttl/2, rdb.PTTL(ctx, key).Val())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := <-unlocked; !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("the passer's Unlock: %v, want ErrLockLost (the pass was never recorded)", err)
+	}
+	if err := w.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Unlock of the lost passed lease: %v, want ErrLockLost", err)
+	}
+}
