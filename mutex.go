@@ -365,9 +365,8 @@ func (m *Mutex) wait(ctx context.Context, h *holding) (*Lease, error) {
 	sleep:
 		select {
 		case f := <-grant:
-			// No pass may be made to us from here on; one made just before
-			// a hand-over from Redis reached us is ignored (it fails to
-			// record: the lock at Redis was not the passer's).
+			// No pass may be made to us from here on. A 0 is a pass
+			// (passOn sends one only into an empty channel): then p is it.
 			p := c.claimed(w)
 			if f == 0 {
 				return m.takePass(h, p) // passed to us by a holder of this Client

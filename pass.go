@@ -140,6 +140,11 @@ func (c *Client) record(p *pass) {
 			p.finish(nil, "", sent)
 			return
 		case err == nil || isForeign(p.keys[0], err):
+			// The old lease had been lost. If the lock came round to the
+			// waiter's token through Redis meanwhile (that hand-over found
+			// the pass on its grant channel and was dropped), give it back:
+			// the waiter holds a lost lease, not that grant.
+			c.releasePassed(ctx, p)
 			p.finish(ErrLockLost, "the lock was no longer held when it was passed on", sent)
 			return
 		case ctx.Err() != nil:
