@@ -61,17 +61,19 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
 // MaxNameLen is the longest lock name accepted, in bytes.
-const MaxNameLen = 1024
+const MaxNameLen = wire.MaxNameLen
 
 // A Client owns the Redis connection, one shared subscription for wake-ups
 // and one watchdog that renews every lease it holds. It is safe for
@@ -233,11 +235,8 @@ func (c *Client) lockKeys(name string) (key, line, waiters, handover string) {
 }
 
 func validName(name string) error {
-	switch {
-	case name == "":
-		return invalidf("lock name is empty")
-	case len(name) > MaxNameLen:
-		return invalidf("lock name is %d bytes, longer than MaxNameLen (%d)", len(name), MaxNameLen)
+	if err := wire.CheckName(name); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	}
 	return nil
 }

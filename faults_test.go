@@ -257,7 +257,7 @@ func TestFault17ReleaseRetry(t *testing.T) {
 	s := redistest.Start(t)
 	c, rdb := newClient(t, s)
 	ctx := ctxT(t, 10*time.Second)
-	src, err := os.ReadFile("lua/release.lua")
+	src, err := os.ReadFile("internal/wire/lua/release.lua")
 	if err != nil {
 		t.Fatal(err)
 	}

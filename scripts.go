@@ -2,44 +2,33 @@ package dlock
 
 import (
 	"context"
-	"crypto/sha1"
-	"embed"
-	"encoding/hex"
 	"errors"
 	"strings"
 	"sync/atomic"
 
+	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
-//go:embed lua/*.lua
-var luaFiles embed.FS
-
-// script is one embedded Lua file, run with EVALSHA and loaded on NOSCRIPT.
+// script is one of dlock's Lua scripts (internal/wire), run with EVALSHA
+// and loaded on NOSCRIPT.
 type script struct {
 	name, src, sha string
 }
 
-func loadScript(name string) *script {
-	b, err := luaFiles.ReadFile("lua/" + name + ".lua")
-	if err != nil {
-		panic("dlock: missing embedded script " + name) // a build error, not a runtime condition
-	}
-	sum := sha1.Sum(b)
-	return &script{name: name, src: string(b), sha: hex.EncodeToString(sum[:])}
-}
+func loadScript(s *wire.Script) *script { return &script{name: s.Name, src: s.Src, sha: s.SHA} }
 
 var (
-	acquireScript = loadScript("acquire")
-	releaseScript = loadScript("release")
-	extendScript  = loadScript("extend")
-	pttlScript    = loadScript("pttl")
-	passScript    = loadScript("pass")
+	acquireScript = loadScript(wire.Acquire)
+	releaseScript = loadScript(wire.Release)
+	extendScript  = loadScript(wire.Extend)
+	pttlScript    = loadScript(wire.PTTL)
+	passScript    = loadScript(wire.Pass)
 
-	fairAcquireScript = loadScript("fair_acquire")
-	fairLeaveScript   = loadScript("fair_leave")
+	fairAcquireScript = loadScript(wire.FairAcquire)
+	fairLeaveScript   = loadScript(wire.FairLeave)
 
-	semScript = loadScript("sem")
+	semScript = loadScript(wire.Sem)
 )
 
 // scripter is what running a script needs: a client, a pipeline or a transaction.

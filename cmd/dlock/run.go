@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/wire"
 )
 
 func init() {
@@ -204,15 +205,7 @@ func usageOrHelp(err error, fs *flag.FlagSet, usage string, stdout io.Writer) (b
 }
 
 // checkName refuses lock names the library would refuse.
-func checkName(name string) error {
-	switch {
-	case name == "":
-		return errors.New("the lock NAME is empty")
-	case len(name) > dlock.MaxNameLen:
-		return fmt.Errorf("the lock NAME is %d bytes, longer than %d", len(name), dlock.MaxNameLen)
-	}
-	return nil
-}
+func checkName(name string) error { return wire.CheckName(name) }
 
 // runRun is "dlock run".
 func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {

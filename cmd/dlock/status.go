@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -93,9 +94,6 @@ type lockInfo struct {
 	Mode string `json:"mode,omitempty"`
 }
 
-// rwWriter is what a writer holds of an rwmutex (docs/PROTOCOL.md).
-const rwWriter = 1 << 50
-
 // inspectFlags are the flags status and list share.
 type inspectFlags struct {
 	redisURL *string
@@ -138,9 +136,6 @@ func oneName(pos []string, hint string) (string, error) {
 	return pos[0], checkName(pos[0])
 }
 
-// lockKey is the library's key for a lock name (see docs/PROTOCOL.md).
-func lockKey(prefix, name string) string { return prefix + "{" + name + "}" }
-
 // runStatus is "dlock status".
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	usageErr := func(err error) int {
@@ -166,7 +161,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	defer rdb.Close()
 
-	key := lockKey(*fl.prefix, name)
+	key := wire.HashKey(*fl.prefix, name)
 	ictx, cancel := context.WithTimeout(ctx, inspectTimeout)
 	defer cancel()
 	node, err := nodeFor(ictx, rdb, key)
@@ -210,11 +205,11 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 		for i, k := range keys {
 			cs[i] = cmds{
 				typ:  p.Type(ctx, k),
-				hash: p.HMGet(ctx, k, "o", "f", "k", "u", "s"),
+				hash: p.HMGet(ctx, k, wire.FieldOwner, wire.FieldFence, wire.FieldKind, wire.FieldUsed, wire.FieldSize),
 				pttl: redis.NewIntCmd(ctx, "pttl", k),
 				subs: p.PubSubShardNumSub(ctx, k),
-				line: p.LLen(ctx, k+":q"),
-				hold: p.ZCard(ctx, k+":h"),
+				line: p.LLen(ctx, k+wire.SuffixLine),
+				hold: p.ZCard(ctx, k+wire.SuffixHolders),
 			}
 			_ = p.Process(ctx, cs[i].pttl)
 		}
@@ -251,7 +246,7 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 			info.Type, info.State, info.TTLMillis = "none", "free", -2
 		case typ != "hash":
 			info.Type, info.RedisType, info.State = "foreign", typ, "unknown"
-		case hasK && (kind == "semaphore" || kind == "rwmutex"):
+		case hasK && (kind == wire.KindSemaphore || kind == wire.KindRWMutex):
 			info.Type, info.State = kind, "free"
 			info.Fence, _ = strconv.ParseUint(f, 10, 64)
 			info.Holders = c.hold.Val()
@@ -259,10 +254,10 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 			if u > 0 {
 				info.State = "held"
 			}
-			if kind == "semaphore" {
+			if kind == wire.KindSemaphore {
 				info.PermitsHeld = u
 				info.Size, _ = strconv.ParseInt(size, 10, 64)
-			} else if u >= rwWriter {
+			} else if u >= wire.RWWriter {
 				info.Mode = "write"
 			} else if u > 0 {
 				info.Mode = "read"
@@ -273,7 +268,7 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 		case !hasF:
 			info.Type, info.RedisType, info.State = "foreign", typ, "unknown"
 		default:
-			info.Type, info.State = "mutex", "free"
+			info.Type, info.State = wire.KindMutex, "free"
 			info.Fence, _ = strconv.ParseUint(f, 10, 64)
 			if hasO {
 				info.State, info.Token = "held", o
@@ -284,13 +279,13 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 	return infos, nil
 }
 
-// nameOfKey is the lock name of a key prefix{name}.
+// nameOfKey is the lock name of a lock key, or the key itself if it is
+// not one.
 func nameOfKey(prefix, key string) string {
-	s := strings.TrimPrefix(key, prefix)
-	if strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}") {
-		return s[1 : len(s)-1]
+	if name, role, ok := wire.ParseKey(prefix, key); ok && role == wire.RoleHash {
+		return name
 	}
-	return s
+	return key
 }
 
 // writeStatus prints one lock as aligned "field value" lines.

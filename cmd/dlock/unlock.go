@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	_ "embed" // unlock.lua
 	"errors"
 	"flag"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -22,11 +22,8 @@ func init() {
 	})
 }
 
-//go:embed unlock.lua
-var unlockLua string
-
 // unlockScript runs with EVALSHA, sending the source only on NOSCRIPT.
-var unlockScript = redis.NewScript(unlockLua)
+var unlockScript = redis.NewScript(wire.ForceUnlock.Src)
 
 // defaultIdle is the library's default WithIdleExpiry.
 const defaultIdle = 10 * time.Minute
@@ -104,7 +101,7 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	defer rdb.Close()
 
-	key := lockKey(*fl.prefix, name)
+	key := wire.HashKey(*fl.prefix, name)
 	uctx, cancel := context.WithTimeout(ctx, inspectTimeout)
 	defer cancel()
 	reply, err := unlockScript.Run(uctx, rdb, []string{key},

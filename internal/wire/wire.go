@@ -1,0 +1,268 @@
+// Package wire is dlock's format at Redis, in one place: every key, hash
+// field, channel, message, waiter entry, script and script reply code. The
+// library and cmd/dlock both use it, so neither re-encodes the layout
+// (docs/PROTOCOL.md describes the same for other languages).
+package wire
+
+import (
+	"crypto/sha1"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// DefaultPrefix is the key prefix of a Client without WithPrefix.
+const DefaultPrefix = "dlock:"
+
+// MaxNameLen is the longest lock name, in bytes.
+const MaxNameLen = 1024
+
+// CheckName reports why name cannot be a lock name, or nil. Any bytes are
+// allowed except that a name may not be empty, longer than MaxNameLen, or
+// begin with '}': the key PREFIX{}... would have an empty hash tag, and the
+// keys of one lock would land in different Cluster slots.
+func CheckName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("lock name is empty")
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("lock name is %d bytes, longer than MaxNameLen (%d)", len(name), MaxNameLen)
+	case name[0] == '}':
+		return fmt.Errorf("lock name %q begins with '}': its Redis keys would not share a Cluster slot", name)
+	}
+	return nil
+}
+
+// Keys are the Redis keys of one lock name. Every one of them, and every
+// channel of the lock, has NAME as its hash tag, so they share a slot.
+type Keys struct {
+	Hash    string // PREFIX{NAME}: the lock itself; also its wake-up channel
+	Line    string // PREFIX{NAME}:q: tokens waiting in line, in arrival order
+	Waiters string // PREFIX{NAME}:w: token -> waiter entry (see Waiter)
+	Holders string // PREFIX{NAME}:h: a semaphore's holders, token -> lease deadline (ms)
+}
+
+// Key suffixes beside the lock hash.
+const (
+	SuffixLine    = ":q"
+	SuffixWaiters = ":w"
+	SuffixHolders = ":h"
+	infixHandOver = ":c:"
+)
+
+// HashKey is the key of the lock called name.
+func HashKey(prefix, name string) string { return prefix + "{" + name + "}" }
+
+// KeysOf returns the keys of the lock called name.
+func KeysOf(prefix, name string) Keys {
+	h := HashKey(prefix, name)
+	return Keys{Hash: h, Line: h + SuffixLine, Waiters: h + SuffixWaiters, Holders: h + SuffixHolders}
+}
+
+// HandOverChannel is the channel on which a release tells a client's waiter
+// that it was handed the lock: PREFIX{NAME}:c:CLIENT.
+func HandOverChannel(prefix, name, client string) string {
+	return HashKey(prefix, name) + infixHandOver + client
+}
+
+// Role says which of a lock's keys a key is.
+type Role uint8
+
+// The roles of a lock's keys.
+const (
+	RoleHash Role = iota + 1
+	RoleLine
+	RoleWaiters
+	RoleHolders
+)
+
+// ParseKey finds the lock name of a key under prefix and which of the
+// lock's keys it is. A lock hash is the only key that ends in '}', so a name
+// that itself contains "}:q" is still read back exactly.
+func ParseKey(prefix, key string) (name string, role Role, ok bool) {
+	s, found := strings.CutPrefix(key, prefix+"{")
+	if !found {
+		return "", 0, false
+	}
+	role = RoleHash
+	for suffix, r := range map[string]Role{SuffixLine: RoleLine, SuffixWaiters: RoleWaiters, SuffixHolders: RoleHolders} {
+		if t, cut := strings.CutSuffix(s, suffix); cut {
+			s, role = t, r
+			break
+		}
+	}
+	name, found = strings.CutSuffix(s, "}")
+	if !found || CheckName(name) != nil {
+		return "", 0, false
+	}
+	return name, role, true
+}
+
+// Fields of a mutex's hash.
+const (
+	FieldOwner      = "o" // the owner's token; absent while free
+	FieldFence      = "f" // the last fence granted
+	FieldHandedFrom = "p" // the fence of the holder that last handed the lock over
+	FieldInLine     = "w" // "1" while someone may wait in line
+)
+
+// Fields of a semaphore's or RWMutex's hash.
+const (
+	FieldKind    = "k"  // KindSemaphore or KindRWMutex; a mutex has none
+	FieldSize    = "s"  // permits in all
+	FieldUsed    = "u"  // permits held
+	FieldQueued  = "q"  // "1" while someone may wait in line
+	FieldHolding = "h:" // + token -> "permits,fence"
+)
+
+// Kinds of lock; a name is one of them for as long as its key lives.
+const (
+	KindMutex     = "mutex"
+	KindSemaphore = "semaphore"
+	KindRWMutex   = "rwmutex"
+)
+
+// RWWriter is the number of permits an RWMutex writer takes: all of them
+// (a reader takes one).
+const RWWriter = 1 << 50
+
+// Replies of release.lua.
+const (
+	ReleaseNotOwner   = 0 // the lease was lost: someone else owns it, or nobody since an expiry
+	ReleaseFreed      = 1 // freed; nobody alive in line; the released fence was published
+	ReleaseAgain      = 2 // this holding had already released it or handed it over (a retry)
+	ReleaseHandedOver = 3 // handed to the first live waiter in line, told on its channel
+)
+
+// Replies of pass.lua.
+const (
+	PassRefused  = 0 // the old holder no longer owned the lock: nothing changed
+	PassRecorded = 1 // the new holder owns it (also when already recorded)
+)
+
+// Operations of sem.lua (its ARGV[1]).
+const (
+	SemAcquire = "a"
+	SemRelease = "r"
+	SemLeave   = "l"
+	SemExtend  = "e"
+	SemPTTL    = "t"
+)
+
+// Script error prefixes.
+const (
+	ErrForeign = "DLOCK_FOREIGN " // the key is not a dlock lock of this kind; what it is follows
+	ErrSize    = "DLOCK_SIZE "    // a semaphore in use with another size; that size follows
+)
+
+// HandOver is the message "g FENCE TOKEN" that tells the waiter holding
+// TOKEN that it now owns the lock with FENCE.
+func HandOver(fence uint64, token string) string {
+	return "g " + strconv.FormatUint(fence, 10) + " " + token
+}
+
+// ParseHandOver reads a HandOver message.
+func ParseHandOver(msg string) (fence uint64, token string, ok bool) {
+	rest, found := strings.CutPrefix(msg, "g ")
+	if !found {
+		return 0, "", false
+	}
+	fs, token, found := strings.Cut(rest, " ")
+	f, err := strconv.ParseUint(fs, 10, 64)
+	if !found || err != nil || token == "" {
+		return 0, "", false
+	}
+	return f, token, true
+}
+
+// ParseWake reads a wake-up published on the lock's own channel: the fence
+// of the holding released. ok is false for a message that is not a fence
+// (waiters then look at the lock anyway).
+func ParseWake(msg string) (fence uint64, ok bool) {
+	f, err := strconv.ParseUint(msg, 10, 64)
+	return f, err == nil
+}
+
+// Waiter is one waiter's entry in a lock's waiters hash.
+type Waiter struct {
+	Deadline int64  // server ms until which the place holds without a refresh
+	TTL      int64  // the lease ms the waiter asked for
+	Permits  int64  // a semaphore waiter's permits (0 for a mutex)
+	Channel  string // where the waiter is told it was handed the lock
+}
+
+// Entry encodes w: "deadline,ttl,channel" for a mutex, and
+// "deadline,ttl,permits,channel" for a semaphore. The channel comes last,
+// so any byte of a lock name (a comma too) survives in it.
+func (w Waiter) Entry() string {
+	s := strconv.FormatInt(w.Deadline, 10) + "," + strconv.FormatInt(w.TTL, 10) + ","
+	if w.Permits > 0 {
+		s += strconv.FormatInt(w.Permits, 10) + ","
+	}
+	return s + w.Channel
+}
+
+// ParseWaiter reads an entry; semaphore says which of the two forms it is.
+func ParseWaiter(entry string, semaphore bool) (Waiter, bool) {
+	var w Waiter
+	n := 2
+	if semaphore {
+		n = 3
+	}
+	parts := strings.SplitN(entry, ",", n+1)
+	if len(parts) != n+1 {
+		return w, false
+	}
+	var nums [3]int64
+	for i := 0; i < n; i++ {
+		v, err := strconv.ParseInt(parts[i], 10, 64)
+		if err != nil {
+			return w, false
+		}
+		nums[i] = v
+	}
+	w.Deadline, w.TTL, w.Channel = nums[0], nums[1], parts[n]
+	if semaphore {
+		w.Permits = nums[2]
+	}
+	return w, true
+}
+
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+// A Script is one of dlock's Lua scripts, run with EVALSHA (and EVAL when
+// the server answers NOSCRIPT).
+type Script struct {
+	Name, Src, SHA string
+}
+
+func load(name string) *Script {
+	b, err := luaFiles.ReadFile("lua/" + name + ".lua")
+	if err != nil {
+		panic("wire: missing embedded script " + name) // a build error, not a runtime condition
+	}
+	sum := sha1.Sum(b)
+	return &Script{Name: name, Src: string(b), SHA: hex.EncodeToString(sum[:])}
+}
+
+// The scripts (see each file's header for its KEYS, ARGV and replies).
+var (
+	Acquire     = load("acquire")
+	Release     = load("release")
+	Extend      = load("extend")
+	PTTL        = load("pttl")
+	Pass        = load("pass")
+	FairAcquire = load("fair_acquire")
+	FairLeave   = load("fair_leave")
+	Sem         = load("sem")
+	ForceUnlock = load("force_unlock")
+)
+
+// Scripts lists every script.
+func Scripts() []*Script {
+	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock}
+}
