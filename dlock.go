@@ -63,7 +63,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,10 +84,10 @@ type Client struct {
 	ctxAware bool                 // rdb bounds I/O by ctx deadlines itself
 	ttlArg   string               // DefaultTTL in ms, formatted once
 	liveArg  string               // fairLiveness in ms, formatted once
+	idleArg  string               // the idle period in ms, formatted once
 	id       string               // random, names this Client's hand-over channels
 	inflight atomic.Int64         // lock-path scripts awaiting Redis
 	cfg      clientConfig
-	idleArg  string // idle period in ms, formatted once
 
 	closed atomic.Bool
 	bg     context.Context // ends at Close
@@ -97,12 +96,12 @@ type Client struct {
 
 	tokens tokenSource
 	dog    watchdog
+	hub    *hub
 
-	mu     sync.Mutex             // guards queues and hub
-	queues map[string]*queue      // local waiters per lock key
-	grants map[string]chan uint64 // waiters in line at Redis by token: the fence they were handed
-	late   map[string]bool        // tokens whose hand-over was found before its message (checkGrant)
-	hub    wakeHub
+	mu      sync.Mutex         // guards locals, byToken, late and the waiters in them
+	locals  map[string]*local  // the locks this Client waits for, by lock key
+	byToken map[string]*waiter // waiters in line at Redis, by token (for hand-overs)
+	late    map[string]bool    // tokens whose hand-over was found before its message (expectHandOver)
 }
 
 // New returns a Client over rdb: a go-redis v9 single-node, failover
@@ -121,27 +120,28 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		rdb:      rdb,
 		ctxAware: contextAware(rdb),
 		cfg:      cfg,
-		idleArg:  strconv.FormatInt(cfg.idle.Milliseconds(), 10),
+		ttlArg:   formatMillis(DefaultTTL),
+		liveArg:  formatMillis(fairLiveness),
+		idleArg:  formatMillis(cfg.idle),
 		bg:       bg,
 		stop:     stop,
-		queues:   make(map[string]*queue),
-		grants:   make(map[string]chan uint64),
+		locals:   make(map[string]*local),
+		byToken:  make(map[string]*waiter),
 		late:     make(map[string]bool),
 	}
 	if cfg.autoPipeline {
 		// Lock and unlock scripts go through the client's shared deferred
-		// autopipeliner: concurrent calls share round trips and system
-		// calls. Every script is idempotent for its token, so the
-		// pipeliner's whole-batch retry after a network error is safe.
+		// autopipeliner when many are in flight: concurrent calls share
+		// round trips and system calls. Every script is idempotent for its
+		// token, so the pipeliner's whole-batch retry after a network error
+		// is safe.
 		if ap, err := rdb.AsyncAutoPipeline(); err == nil {
 			c.ap = ap
 		}
 	}
-	c.ttlArg = strconv.FormatInt(DefaultTTL.Milliseconds(), 10)
-	c.liveArg = strconv.FormatInt(fairLiveness.Milliseconds(), 10)
 	c.id = c.tokens.next()[:12]
 	c.dog.init()
-	c.hub.init()
+	c.hub = newHub(bg, rdb, clientHandler{c}, cfg.logger, c.goBg)
 	return c
 }
 
@@ -155,17 +155,21 @@ func (c *Client) Close() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
-	held := c.dog.drain()
+	// A pass decided before closed was set has started its record by now
+	// (passOn holds c.mu throughout): the record releases what it passed.
+	c.mu.Lock()
+	//lint:ignore SA2001 an empty critical section is the barrier
+	c.mu.Unlock()
+	live := c.dog.drain()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.bg), 3*time.Second)
 	defer cancel()
-	for _, h := range held {
-		_ = h.settle(ctx) // a lock passed to h is released as h's once recorded
-		if h.end(stateClosed, ErrClosed) {
-			_, _ = h.relScript.do(ctx, c.rdb, h.rel[:h.relLen])
+	for _, h := range live {
+		if h.closeDown() { // a pending one is released by its record
+			_, _ = h.cmd.relScript.do(ctx, c.rdb, h.cmd.release())
 		}
 	}
 	c.stop()
-	c.closeHub()
+	c.hub.Close()
 	c.gs.wait()
 	return nil
 }
@@ -218,20 +222,6 @@ func (g *goroutines) wait() {
 	g.idle = idle
 	g.mu.Unlock()
 	<-idle
-}
-
-// lockKeys maps a lock name to its Redis key PREFIX{NAME}, its line and
-// waiters keys, and this Client's hand-over channel for it. The braces make
-// the name the hash tag, so every key and channel of one lock lives in one
-// Cluster slot. All four are cut from one string: a Mutex made per call
-// costs one allocation for them.
-func (c *Client) lockKeys(name string) (key, line, waiters, handover string) {
-	k := len(c.cfg.prefix) + len(name) + 2
-	all := c.cfg.prefix + "{" + name + "}:q" + c.cfg.prefix + "{" + name + "}:w" + c.cfg.prefix + "{" + name + "}:c:" + c.id
-	key, line = all[:k], all[:k+2]
-	waiters = all[k+2 : 2*k+4]
-	handover = all[2*k+4:]
-	return
 }
 
 func validName(name string) error {

@@ -3,12 +3,11 @@ package dlock
 import (
 	"context"
 	"strconv"
+
+	"github.com/dlock-go/dlock/internal/wire"
 )
 
-// rwWriter is the number of permits a writer takes: every one there is.
-const rwWriter = MaxSemaphoreSize
-
-var rwWriterArg = strconv.FormatInt(rwWriter, 10)
+var rwWriterArg = strconv.FormatInt(wire.RWWriter, 10)
 
 // An RWMutex is a distributed reader/writer lock: many readers or one
 // writer. It is a semaphore underneath (a reader takes one permit, a writer
@@ -25,7 +24,7 @@ var rwWriterArg = strconv.FormatInt(rwWriter, 10)
 // that read lease. Lock under a read lease is refused with ErrInvalidArgument
 // rather than waiting forever for itself (there are no upgrades).
 type RWMutex struct {
-	r, w Mutex
+	r, w lock
 }
 
 // RWMutex returns the read-write lock called name. Names are as for Mutex;
@@ -34,10 +33,10 @@ type RWMutex struct {
 // order (Fair is implied).
 func (c *Client) RWMutex(name string, opts ...LockOption) *RWMutex {
 	rw := &RWMutex{}
-	c.initLock(&rw.r, name, "rwmutex", opts)
+	c.initLock(&rw.r, name, wire.KindRWMutex, opts)
 	rw.r.sizeArg = rwWriterArg
-	rw.w = rw.r // the write side shares the read side's key strings
-	rw.r.shared, rw.r.nArg = true, "1"
+	rw.w = rw.r // the write side shares the read side's strings
+	rw.r.readSide, rw.r.nArg = true, "1"
 	rw.w.nArg = rwWriterArg
 	return rw
 }
@@ -47,16 +46,23 @@ func (rw *RWMutex) Name() string { return rw.r.name }
 
 // RLock waits until it holds a read lease or ctx ends (then it returns an
 // error that errors.Is ctx.Err()).
-func (rw *RWMutex) RLock(ctx context.Context) (*Lease, error) { return rw.r.Lock(ctx) }
+func (rw *RWMutex) RLock(ctx context.Context) (*Lease, error) { return rw.r.lock(ctx, 1) }
 
 // TryRLock takes a read lease if no writer holds the lock or waits for it;
 // otherwise it returns ErrNotObtained.
-func (rw *RWMutex) TryRLock(ctx context.Context) (*Lease, error) { return rw.r.TryLock(ctx) }
+func (rw *RWMutex) TryRLock(ctx context.Context) (*Lease, error) { return rw.r.tryLock(ctx) }
 
 // Lock waits until it holds the write lease or ctx ends (then it returns an
 // error that errors.Is ctx.Err()).
-func (rw *RWMutex) Lock(ctx context.Context) (*Lease, error) { return rw.w.Lock(ctx) }
+func (rw *RWMutex) Lock(ctx context.Context) (*Lease, error) { return rw.w.lock(ctx, wire.RWWriter) }
 
 // TryLock takes the write lease if nobody holds the lock or waits for it;
 // otherwise it returns ErrNotObtained.
-func (rw *RWMutex) TryLock(ctx context.Context) (*Lease, error) { return rw.w.TryLock(ctx) }
+func (rw *RWMutex) TryLock(ctx context.Context) (*Lease, error) { return rw.w.tryLock(ctx) }
+
+func (lk *lock) tryLock(ctx context.Context) (*Lease, error) {
+	if l, err, done := lk.start(ctx); done {
+		return l, err
+	}
+	return lk.try(ctx, 0)
+}

@@ -3,11 +3,13 @@ package dlock
 import (
 	"context"
 	"strconv"
+
+	"github.com/dlock-go/dlock/internal/wire"
 )
 
 // MaxSemaphoreSize is the largest semaphore size: permits are counted in
 // Redis's Lua numbers, which are exact up to 2^53.
-const MaxSemaphoreSize = 1 << 50
+const MaxSemaphoreSize = wire.RWWriter
 
 // A Semaphore is a distributed weighted semaphore of a fixed size: holders
 // take n permits at a time, and at most size permits are held at once.
@@ -25,7 +27,7 @@ const MaxSemaphoreSize = 1 << 50
 // Leases of a semaphore do not re-enter: an Acquire with a ctx that descends
 // from one of its leases asks for more permits like any other.
 type Semaphore struct {
-	m    Mutex
+	lk   lock
 	size int64
 }
 
@@ -35,16 +37,16 @@ type Semaphore struct {
 // waiting is always in arrival order (Fair is implied).
 func (c *Client) Semaphore(name string, size int64, opts ...LockOption) *Semaphore {
 	s := &Semaphore{size: size}
-	c.initLock(&s.m, name, "semaphore", opts)
-	s.m.sizeArg = strconv.FormatInt(size, 10)
-	if s.m.err == nil && (size < 1 || size > MaxSemaphoreSize) {
-		s.m.err = invalidf("semaphore size %d is not in 1..MaxSemaphoreSize (%d)", size, int64(MaxSemaphoreSize))
+	c.initLock(&s.lk, name, wire.KindSemaphore, opts)
+	s.lk.sizeArg = strconv.FormatInt(size, 10)
+	if s.lk.err == nil && (size < 1 || size > MaxSemaphoreSize) {
+		s.lk.err = invalidf("semaphore size %d is not in 1..MaxSemaphoreSize (%d)", size, int64(MaxSemaphoreSize))
 	}
 	return s
 }
 
 // Name returns the semaphore's name.
-func (s *Semaphore) Name() string { return s.m.name }
+func (s *Semaphore) Name() string { return s.lk.name }
 
 // Size returns the number of permits.
 func (s *Semaphore) Size() int64 { return s.size }
@@ -56,10 +58,7 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Lease, error) {
 	if err := s.check(n); err != nil {
 		return nil, err
 	}
-	if l, err, done := s.m.start(ctx); done {
-		return l, err
-	}
-	return s.m.lockFair(ctx, s.m.prepare(ctx, strconv.FormatInt(n, 10)))
+	return s.lk.lock(ctx, n)
 }
 
 // TryAcquire takes n permits if they are free and nobody waits in line
@@ -68,15 +67,63 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*Lease, error) {
 	if err := s.check(n); err != nil {
 		return nil, err
 	}
-	if l, err, done := s.m.start(ctx); done {
+	if l, err, done := s.lk.start(ctx); done {
 		return l, err
 	}
-	return s.m.try(ctx, strconv.FormatInt(n, 10))
+	return s.lk.try(ctx, n)
 }
 
 func (s *Semaphore) check(n int64) error {
-	if s.m.err == nil && (n < 1 || n > s.size) {
-		return nameErr(s.m.name, invalidf("asked for %d permits of a semaphore of size %d: n must be in 1..%d", n, s.size, s.size))
+	if s.lk.err == nil && (n < 1 || n > s.size) {
+		return nameErr(s.lk.name, invalidf("asked for %d permits of a semaphore of size %d: n must be in 1..%d", n, s.size, s.size))
 	}
 	return nil
+}
+
+// lock is Lock for the kinds whose waiters all wait in the line at Redis
+// (semaphores, RWMutexes): a first look without a place, then the line.
+func (lk *lock) lock(ctx context.Context, n int64) (*Lease, error) {
+	if l, err, done := lk.start(ctx); done {
+		return l, err
+	}
+	h := lk.newHolding(ctx, n)
+	if l, err, done := lk.firstLook(ctx, h); done {
+		return l, err
+	}
+	return lk.wait(ctx, h)
+}
+
+// semProto is a semaphore (or an RWMutex) at Redis: every operation is
+// sem.lua, whose first argument names it.
+type semProto struct{}
+
+func (semProto) prepare(h *holding, n int64) {
+	lk, c := h.lk, &h.cmd
+	c.join = "0"
+	if lk.nArg != "" {
+		c.nArg = lk.nArg
+	} else {
+		c.nArg = strconv.FormatInt(n, 10)
+	}
+	k := &lk.keyArr
+	c.setAcquire(semScript, "evalsha", &semScript.sha, "4", &k[0], &k[1], &k[2], &k[3], wire.SemAcquire,
+		&h.token, &lk.ttlArg, &lk.c.liveArg, &c.join, &lk.handover, &c.nArg, &lk.sizeArg, &lk.kind, &lk.c.idleArg)
+	c.setRelease(semScript, "evalsha", &semScript.sha, "4", &k[0], &k[1], &k[2], &k[3], wire.SemRelease,
+		&h.token, &lk.c.idleArg)
+}
+
+func (semProto) joinLine(h *holding) { h.cmd.join = "1" }
+
+func (semProto) extend(h *holding, ttl string) call {
+	return call{semScript, h.lk.scriptKeys(), []any{wire.SemExtend, h.token, ttl, h.c.idleArg}}
+}
+
+func (semProto) pttl(h *holding) call {
+	return call{semScript, h.lk.scriptKeys(), []any{wire.SemPTTL, h.token}}
+}
+
+func (semProto) giveBack(ctx context.Context, lk *lock, token string) error {
+	// sem.lua's leave releases the permits if they had been handed over.
+	_, err := semScript.run(ctx, lk.c.rdb, lk.scriptKeys(), wire.SemLeave, token, lk.c.idleArg)
+	return err
 }

@@ -3,14 +3,13 @@ package dlock
 import (
 	"container/heap"
 	"context"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// watchdog keeps every held lease of a Client on one timer heap: renewing
+// watchdog keeps every live holding of a Client on one timer heap: renewing
 // leases come due at a third of their TTL, others at their deadline. One
 // goroutine pops what is due and renews it in pipelined batches, so ten
 // thousand held locks cost a few round trips per renewal period, not ten
@@ -31,35 +30,40 @@ const renewBatchMax = 1000
 
 func (d *watchdog) init() { d.kick = make(chan struct{}, 1) }
 
-func (c *Client) startDog() { c.goBg(c.watch) }
-
-func (d *watchdog) add(h *holding, due time.Time) {
-	c := h.c
+// schedule puts a live holding on the heap at its next due time, or takes
+// one that is not live off it. Every change of a holding's state or
+// deadline is followed by a call, so the heap follows the latest.
+func (d *watchdog) schedule(h *holding) {
 	d.mu.Lock()
-	h.due = due
-	heap.Push(&d.h, h)
-	// Wake the loop only if it would sleep past this lease's due time: a
-	// kick per lock would cost every acquisition a goroutine wake-up.
-	first := h.idx == 0 && due.Before(d.wakeAt)
+	h.mu.Lock()
+	live := h.st.live()
+	due, slack := h.nextDue()
+	h.mu.Unlock()
+	if !live {
+		if h.idx >= 0 {
+			heap.Remove(&d.h, h.idx)
+		}
+		d.mu.Unlock()
+		return
+	}
+	h.due, h.slack = due, slack
+	if h.idx >= 0 {
+		heap.Fix(&d.h, h.idx)
+	} else {
+		heap.Push(&d.h, h)
+	}
+	// Wake the loop only if it would sleep past this due time: a kick per
+	// lock would cost every acquisition a goroutine wake-up.
+	kick := h.idx == 0 && due.Before(d.wakeAt)
 	start := !d.started
 	d.started = true
 	d.mu.Unlock()
 	if start {
-		c.startDog()
+		h.c.goBg(h.c.watch)
 	}
-	if first {
+	if kick {
 		poke(d.kick)
 	}
-}
-
-// addPending adds a holding passed to a waiter (see pass.go): it is not
-// renewed until the pass is recorded (reschedule), and is lost at its
-// inherited deadline if that does not happen first.
-func (d *watchdog) addPending(h *holding) {
-	d.mu.Lock()
-	h.busy = true
-	d.mu.Unlock()
-	d.add(h, h.deadline)
 }
 
 func (d *watchdog) remove(h *holding) {
@@ -68,21 +72,6 @@ func (d *watchdog) remove(h *holding) {
 		heap.Remove(&d.h, h.idx)
 	}
 	d.mu.Unlock()
-}
-
-// reschedule sets when h is next looked at (after Extend or a renewal).
-func (d *watchdog) reschedule(h *holding, due time.Time) {
-	d.mu.Lock()
-	h.busy = false
-	if h.idx >= 0 {
-		h.due = due
-		heap.Fix(&d.h, h.idx)
-	}
-	first := h.idx == 0 && due.Before(d.wakeAt)
-	d.mu.Unlock()
-	if first {
-		poke(d.kick)
-	}
 }
 
 // drain empties the heap and returns what it held (at Close).
@@ -98,54 +87,61 @@ func (d *watchdog) drain() []*holding {
 	return out
 }
 
+// nextDue is when the watchdog must next look at h, and how much earlier it
+// may: a third of the proved TTL after the last proof for a renewing held lease
+// (a tenth after a renewal that failed), else its deadline. Called with
+// h.mu held.
+func (h *holding) nextDue() (due time.Time, slack time.Duration) {
+	if h.st == held && h.lk.renew && !h.busy {
+		r := h.proofAt.Add(h.proofTTL / 3)
+		if t := h.tried.Add(h.ttl / 10); t.After(r) {
+			r = t
+		}
+		if r.Before(h.deadline) {
+			// Renewals come due a little early so that leases taken at
+			// nearly the same time share one pipeline.
+			return r, h.proofTTL / 12
+		}
+	}
+	return h.deadline, 0
+}
+
 func (c *Client) watch() {
 	d := &c.dog
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
 		now := time.Now()
-		var renew, expired []*holding
+		var due []*holding
 		wait := time.Hour
 		d.mu.Lock()
-		d.wakeAt = farFuture // awake: every add kicks, so none is missed before we sleep
-		for len(d.h) > 0 && len(renew) < renewBatchMax {
+		d.wakeAt = farFuture // awake: every schedule kicks, so none is missed before we sleep
+		for len(d.h) > 0 && len(due) < renewBatchMax {
 			h := d.h[0]
-			h.mu.Lock()
-			ttl, deadline := h.ttl, h.deadline
-			h.mu.Unlock()
-			// Renewals come due a little early so that leases taken at
-			// nearly the same time share one pipeline.
-			slack := time.Duration(0)
-			if h.renew && !h.busy {
-				slack = ttl / 12
-			}
-			if h.due.Sub(now) > slack {
-				wait = h.due.Sub(now)
+			if left := h.due.Sub(now); left > h.slack {
+				wait = left
 				break
 			}
-			if h.busy || !h.renew || !now.Before(deadline) {
-				heap.Pop(&d.h)
-				expired = append(expired, h)
-				continue
-			}
-			// While its renewal is in flight the holding waits on the heap
-			// at its deadline, so a renewal that hangs still ends the lease
-			// on time.
-			h.busy = true
-			h.due = deadline
-			heap.Fix(&d.h, 0)
-			renew = append(renew, h)
+			heap.Pop(&d.h)
+			due = append(due, h)
 		}
 		d.mu.Unlock()
-		for _, h := range expired {
-			h.lose("lease deadline passed before renewal")
+		var batch []*holding
+		var ttls []time.Duration
+		for _, h := range due {
+			if h.expired(now) {
+				continue
+			}
+			if ttl, ok := h.renewable(); ok && h.tryOp() {
+				batch, ttls = append(batch, h), append(ttls, ttl)
+			}
+			d.schedule(h) // while a renewal is in flight: at its deadline
 		}
-		if len(renew) > 0 {
-			batch := renew
-			if !c.goBg(func() { c.renew(batch) }) {
+		if len(batch) > 0 {
+			if !c.goBg(func() { c.renew(batch, ttls) }) {
 				return // closing
 			}
-			if len(renew) == renewBatchMax {
+			if len(due) == renewBatchMax {
 				wait = 0
 			}
 		}
@@ -162,66 +158,51 @@ func (c *Client) watch() {
 	}
 }
 
-// renew extends a batch of leases in one pipeline.
-func (c *Client) renew(batch []*holding) {
-	var earliest time.Time
-	for i, h := range batch {
+// renew extends a batch of holdings in one pipeline, each to the TTL in
+// ttls; each holding's request slot is held.
+func (c *Client) renew(batch []*holding, ttls []time.Duration) {
+	sent := time.Now()
+	earliest := sent.Add(time.Hour)
+	for _, h := range batch {
 		h.mu.Lock()
-		if i == 0 || h.deadline.Before(earliest) {
+		h.tried = sent
+		if h.deadline.Before(earliest) {
 			earliest = h.deadline
 		}
 		h.mu.Unlock()
 	}
 	ctx, cancel := context.WithDeadline(c.bg, earliest)
 	defer cancel()
-	sent := time.Now()
-	cmds := c.runExtends(ctx, batch)
+	cmds := c.runExtends(ctx, batch, ttls)
 	for i, h := range batch {
 		v, err := cmds[i].Int64()
 		switch {
 		case err == nil && v == 1:
-			h.mu.Lock()
-			if h.state == stateHeld {
-				h.deadline = sent.Add(validity(h.ttl))
-			}
-			due := h.nextDue(sent)
-			h.mu.Unlock()
-			c.dog.reschedule(h, due)
-		case err == nil || isForeign(h.key, err):
+			h.proved(sent, ttls[i])
+		case err == nil || isForeign(err):
 			h.lose("renewal found the lock gone")
 		default:
-			// Unknown: try again soon; the deadline still stands.
-			c.cfg.logger.Debug("dlock: renewal failed", "lock", h.name, "err", err)
-			h.mu.Lock()
-			retry := time.Now().Add(h.ttl / 10)
-			if h.deadline.Before(retry) {
-				retry = h.deadline
-			}
-			h.mu.Unlock()
-			c.dog.reschedule(h, retry)
+			// Unknown: it may have run (its TTL counts), or not (the
+			// deadline stands). Try again soon.
+			c.cfg.logger.Debug("dlock: renewal failed", "lock", h.lk.name, "err", err)
+			h.doubted(sent, ttls[i])
 		}
+		h.endOp()
 	}
-}
-
-func isForeign(key string, err error) bool {
-	e := scriptErr(key, err)
-	return e != err
 }
 
 // runExtends sends one extend per holding in a pipeline, loading the
 // scripts the server had lost and resending.
-func (c *Client) runExtends(ctx context.Context, batch []*holding) []*redis.Cmd {
-	scripts := make([]*script, len(batch))
+func (c *Client) runExtends(ctx context.Context, batch []*holding, ttls []time.Duration) []*redis.Cmd {
+	calls := make([]call, len(batch))
+	for i, h := range batch {
+		calls[i] = h.lk.proto.extend(h, formatMillis(ttls[i]))
+	}
 	send := func() []*redis.Cmd {
-		cmds := make([]*redis.Cmd, len(batch))
+		cmds := make([]*redis.Cmd, len(calls))
 		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, h := range batch {
-				h.mu.Lock()
-				ttl := strconv.FormatInt(h.ttl.Milliseconds(), 10)
-				h.mu.Unlock()
-				s, keys, args := h.extendCall(ttl)
-				scripts[i] = s
-				cmds[i] = p.EvalSha(ctx, s.sha, keys, args...)
+			for i, k := range calls {
+				cmds[i] = p.EvalSha(ctx, k.s.sha, k.keys, k.args...)
 			}
 			return nil
 		})
@@ -230,7 +211,7 @@ func (c *Client) runExtends(ctx context.Context, batch []*holding) []*redis.Cmd 
 	cmds := send()
 	loaded := map[*script]bool{}
 	for i, cmd := range cmds {
-		if s := scripts[i]; isNoScript(cmd.Err()) && !loaded[s] {
+		if s := calls[i].s; isNoScript(cmd.Err()) && !loaded[s] {
 			if err := c.rdb.ScriptLoad(ctx, s.src).Err(); err != nil {
 				return cmds
 			}

@@ -50,7 +50,7 @@ const (
 	SuffixLine    = ":q"
 	SuffixWaiters = ":w"
 	SuffixHolders = ":h"
-	infixHandOver = ":c:"
+	InfixHandOver = ":c:" // PREFIX{NAME}:c:CLIENT
 )
 
 // HashKey is the key of the lock called name.
@@ -58,14 +58,30 @@ func HashKey(prefix, name string) string { return prefix + "{" + name + "}" }
 
 // KeysOf returns the keys of the lock called name.
 func KeysOf(prefix, name string) Keys {
-	h := HashKey(prefix, name)
-	return Keys{Hash: h, Line: h + SuffixLine, Waiters: h + SuffixWaiters, Holders: h + SuffixHolders}
+	k, _ := KeysAndHandOver(prefix, name, "")
+	return k
 }
 
 // HandOverChannel is the channel on which a release tells a client's waiter
 // that it was handed the lock: PREFIX{NAME}:c:CLIENT.
 func HandOverChannel(prefix, name, client string) string {
-	return HashKey(prefix, name) + infixHandOver + client
+	return HashKey(prefix, name) + InfixHandOver + client
+}
+
+// KeysAndHandOver returns the keys of the lock called name and client's
+// hand-over channel for it, cut from one string (one allocation: a lock
+// made per call stays cheap).
+func KeysAndHandOver(prefix, name, client string) (Keys, string) {
+	h := len(prefix) + len(name) + 2
+	all := prefix + "{" + name + "}" + SuffixLine + prefix + "{" + name + "}" + SuffixWaiters +
+		prefix + "{" + name + "}" + SuffixHolders + prefix + "{" + name + "}" + InfixHandOver + client
+	k := Keys{Hash: all[:h], Line: all[:h+2]}
+	off := h + 2
+	k.Waiters = all[off : off+h+2]
+	off += h + 2
+	k.Holders = all[off : off+h+2]
+	off += h + 2
+	return k, all[off:]
 }
 
 // Role says which of a lock's keys a key is.

@@ -23,6 +23,10 @@ func TestParseKeyRoundTrips(t *testing.T) {
 			if !strings.HasPrefix(HandOverChannel(prefix, name, "C"), k.Hash) {
 				t.Errorf("hand-over channel of %q is not in the lock's slot", name)
 			}
+			k2, ho := KeysAndHandOver(prefix, name, "C")
+			if k2 != k || ho != HandOverChannel(prefix, name, "C") || k.Hash != HashKey(prefix, name) {
+				t.Errorf("KeysAndHandOver(%q) = %+v %q; want %+v %q", name, k2, ho, k, HandOverChannel(prefix, name, "C"))
+			}
 		}
 	}
 	for _, key := range []string{"other", "dlock:x", "dlock:{}", "dlock:{}}", "dlock:{a}:z"} {

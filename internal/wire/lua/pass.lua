@@ -10,12 +10,17 @@
 -- ARGV[1]  the old holder's token, ARGV[2] its fence
 -- ARGV[3]  the new holder's token, ARGV[4] its fence (ARGV[2] + 1)
 -- ARGV[5]  the new holder's TTL in milliseconds
--- Returns  1  passed (or already passed: a retry)
+-- Returns  1  passed (or already passed: a retry); either way the lock now
+--             expires ARGV[5] ms after this call, so that the new holder
+--             may date its lease from the send of whichever call replied
 --          0  the old holder no longer owned the lock: its lease had been
 --             lost, so the new holder never held it either
 local key = KEYS[1]
 local h = redis.call('HMGET', key, 'o', 'f')
-if h[1] == ARGV[3] and h[2] == ARGV[4] then return 1 end
+if h[1] == ARGV[3] and h[2] == ARGV[4] then
+  redis.call('PEXPIRE', key, ARGV[5])
+  return 1
+end
 if h[1] ~= ARGV[1] or h[2] ~= ARGV[2] then return 0 end
 if redis.call('HDEL', KEYS[3], ARGV[3]) == 1 then
   redis.call('LREM', KEYS[2], 1, ARGV[3])

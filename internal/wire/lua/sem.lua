@@ -6,7 +6,8 @@
 --          "h:TOKEN" -> "permits,fence"
 -- KEYS[2]  holders: sorted set token -> lease deadline (server ms)
 -- KEYS[3]  the line: list of waiter tokens in arrival order
--- KEYS[4]  the waiters: hash token -> "deadline_ms,ttl_ms,channel,permits"
+-- KEYS[4]  the waiters: hash token -> "deadline_ms,ttl_ms,permits,channel"
+--          (the channel last: a lock name may contain any byte, commas too)
 -- ARGV[1]  the operation:
 --   a token ttl live join channel n size kind idle   acquire (or keep a place in line)
 --   r token idle                                     release
@@ -96,7 +97,7 @@ local function serve()
     end
     local v = redis.call('HGET', waiters, w)
     local dl, wttl, wch, wn
-    if v then dl, wttl, wch, wn = string.match(v, '^(%d+),(%d+),([^,]*),(%d+)$') end
+    if v then dl, wttl, wn, wch = string.match(v, '^(%d+),(%d+),(%d+),(.*)$') end
     if dl and tonumber(dl) > clock() then
       wn = tonumber(wn)
       if not fits(wn) then return mine, true end
@@ -166,7 +167,13 @@ if op == 'a' then
   end
   local first = used == 0
   local mine, waiting = serve()
-  if not mine and not waiting and fits(n) then mine = give(token, n, ttl) end
+  if not mine and not waiting and fits(n) then
+    mine = give(token, n, ttl)
+    -- A grant always takes the grantee out of the line: a place left
+    -- behind (the q flag lost with the hash) would be served again.
+    -- (Only a call that joins the line can have a place in it.)
+    if join == '1' and redis.call('HDEL', waiters, token) == 1 then redis.call('LREM', line, 1, token) end
+  end
   if gave then
     if first and mine and used == n then outlive(idle, ttl) else outlive(idle) end
   end
@@ -177,7 +184,7 @@ if op == 'a' then
   if first[2] then wait = math.max(tonumber(first[2]) - clock(), 1) end
   if join == '1' then
     wait = math.min(wait, live)
-    if redis.call('HSET', waiters, token, fmt(clock() + live) .. ',' .. fmt(ttl) .. ',' .. ch .. ',' .. fmt(n)) == 1 then
+    if redis.call('HSET', waiters, token, fmt(clock() + live) .. ',' .. fmt(ttl) .. ',' .. fmt(n) .. ',' .. ch) == 1 then
       redis.call('RPUSH', line, token)
     end
     if not st[6] then redis.call('HSET', main, 'q', '1') end

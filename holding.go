@@ -1,0 +1,387 @@
+package dlock
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// state is where a holding is in its life. Every change of state is a
+// method of holding below, made under holding.mu:
+//
+//	waiting ──granted──▶ held ◀──recorded── pending ◀──passed to us── waiting
+//	                      │                   │
+//	                      ├──Unlock──▶ ending ◀┘ (Unlock while pending)
+//	                      │              ├──pass to a local waiter──▶ passing ──▶ passed | lost
+//	                      │              └──release at Redis──▶ released | lost
+//	                      └──renewal refused, deadline passed, record refused──▶ lost
+//	pending, held ──Client.Close──▶ closed
+//
+// pending and held are live: the holder may rely on the lock until the
+// deadline. ending and passing are on their way out: the holder gave the
+// lock up, Redis may still name our token. The rest are final.
+type state uint8
+
+const (
+	waiting  state = iota // Lock is trying to obtain it
+	pending               // passed to us by a holder of this Client; recorded at Redis a round trip later
+	held                  // ours at Redis
+	ending                // given up by Unlock; not yet released or passed on
+	passing               // passed to a local waiter; its record is in flight
+	passed                // final: the record landed, the waiter holds it
+	released              // final: released at Redis
+	lost                  // final: it may be someone else's (cause says why)
+	closed                // final: the Client closed
+)
+
+func (s state) live() bool  { return s == pending || s == held }
+func (s state) final() bool { return s >= passed }
+
+// validUntil is the one rule that dates a lease. A request sent at sent that
+// made the lock expire ttl after Redis ran it proves the lock ours until
+// sent + ttl on our monotonic clock, less 1% of ttl for the rate difference
+// of the two clocks. Nothing else computes a deadline.
+func validUntil(sent time.Time, ttl time.Duration) time.Time { return sent.Add(ttl - ttl/100) }
+
+// holding is one ownership of a lock at Redis, shared by the reentrant
+// leases on it. Requests to Redis about it are made one at a time, between
+// beginOp and endOp, so their replies apply in the order they were sent.
+type holding struct {
+	c      *Client
+	lk     *lock
+	token  string
+	parent context.Context // the ctx Lock was called with: the lease context's values come from it
+	cmd    cmdline         // its prepared acquire and release command lines
+
+	mu       sync.Mutex
+	st       state
+	fence    uint64
+	fenceStr string
+	ttl      time.Duration // the lease length renewals ask for
+	deadline time.Time     // valid until then (see validUntil)
+	proofAt  time.Time     // when the request behind the deadline was sent
+	proofTTL time.Duration // and the TTL the deadline counts from it
+	doubt    time.Duration // the shortest TTL of a request whose outcome is unknown; 0: none
+	cause    error         // why it ended, in a final state (nil: released or passed)
+	holds    int           // leases on it not yet unlocked
+	busy     bool          // a request about it is in flight
+	idle     chan struct{} // closed when busy clears, if someone waits for that
+	pass     *pass         // passing: the pass Unlock made
+	relSent  time.Time     // when its first release was sent (zero: none yet)
+	ctx      *leaseContext
+	cancel   context.CancelCauseFunc
+
+	// Set before the holding is shared.
+	turnEnd   uint64 // default mode: the last local waiter of this Client's turn (see queue.go); 0: none
+	contended bool   // obtained after waiting: its release is likely awaited
+
+	tried    time.Time     // when the last renewal was sent
+
+	// Watchdog bookkeeping, guarded by c.dog.mu.
+	due   time.Time
+	slack time.Duration // how much before due it may be renewed
+	idx   int           // position in the watchdog heap, -1 when absent
+
+	first Lease // the outermost lease, allocated with the holding
+}
+
+func (l *lock) newHolding(ctx context.Context, n int64) *holding {
+	h := &holding{c: l.c, lk: l, token: l.c.tokens.next(), parent: ctx, ttl: l.ttl, holds: 1, idx: -1}
+	h.first.h = h
+	l.proto.prepare(h, n)
+	return h
+}
+
+// beginOp waits until no other request about h is in flight, or ctx ends.
+func (h *holding) beginOp(ctx context.Context) error {
+	h.mu.Lock()
+	for h.busy {
+		if h.idle == nil {
+			h.idle = make(chan struct{})
+		}
+		idle := h.idle
+		h.mu.Unlock()
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		h.mu.Lock()
+	}
+	h.busy = true
+	h.mu.Unlock()
+	return nil
+}
+
+// tryOp is beginOp that does not wait.
+func (h *holding) tryOp() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.busy {
+		return false
+	}
+	h.busy = true
+	return true
+}
+
+func (h *holding) endOp() {
+	h.mu.Lock()
+	h.busy = false
+	if h.idle != nil {
+		close(h.idle)
+		h.idle = nil
+	}
+	h.mu.Unlock()
+	h.c.dog.schedule(h) // renewals wait while a request is in flight
+}
+
+// granted makes a waiting holding held: a request sent at sent, carrying
+// ttl, obtained the lock with fence.
+func (h *holding) granted(fence uint64, sent time.Time, ttl time.Duration) {
+	h.mu.Lock()
+	h.st = held
+	h.setFence(fence)
+	h.proveLocked(sent, ttl)
+	h.mu.Unlock()
+	h.c.dog.schedule(h)
+}
+
+// passedIn makes a waiting holding pending: p passes the lock to it. The
+// record goroutine owns its one request slot until the record settles.
+// Called by the passer, before the waiter can see the pass.
+func (h *holding) passedIn(p *pass, now time.Time) {
+	h.mu.Lock()
+	h.st = pending
+	h.busy = true
+	h.setFence(p.fence)
+	h.turnEnd = p.turnEnd
+	h.contended = true
+	// Until the record lands the lock expires when the passer's would;
+	// once it runs, ttl after it: whichever comes first.
+	h.deadline, h.proofAt = p.deadline, now
+	h.doubtLocked(now, h.ttl)
+	h.mu.Unlock()
+	h.c.dog.schedule(h)
+}
+
+func (h *holding) setFence(f uint64) {
+	h.fence = f
+	h.fenceStr = formatUint(f)
+}
+
+// proved applies a reply that showed the lock ours: the request, sent at
+// sent, set it to expire ttl after Redis ran it.
+func (h *holding) proved(sent time.Time, ttl time.Duration) {
+	h.mu.Lock()
+	if h.st.live() || h.st == ending {
+		h.proveLocked(sent, ttl)
+	}
+	h.mu.Unlock()
+	h.c.dog.schedule(h)
+}
+
+// extended applies a successful Extend: ttl is the lease length from now on.
+func (h *holding) extended(sent time.Time, ttl time.Duration) {
+	h.mu.Lock()
+	h.ttl = ttl
+	if h.st.live() || h.st == ending {
+		h.proveLocked(sent, ttl)
+	}
+	h.mu.Unlock()
+	h.c.dog.schedule(h)
+}
+
+func (h *holding) proveLocked(sent time.Time, ttl time.Duration) {
+	// A request whose outcome stayed unknown may yet run after this one,
+	// with its own TTL: the lock then expires that long after sent.
+	if h.doubt > 0 {
+		ttl = min(ttl, h.doubt)
+	}
+	h.deadline, h.proofAt, h.proofTTL = validUntil(sent, ttl), sent, ttl
+}
+
+// doubted applies a request, sent at sent with ttl, whose outcome is
+// unknown: if it ran, the lock expires ttl after it, perhaps earlier than
+// believed so far.
+func (h *holding) doubted(sent time.Time, ttl time.Duration) {
+	h.mu.Lock()
+	h.doubtLocked(sent, ttl)
+	h.mu.Unlock()
+	h.c.dog.schedule(h)
+}
+
+func (h *holding) doubtLocked(sent time.Time, ttl time.Duration) {
+	if d := validUntil(sent, ttl); d.Before(h.deadline) {
+		h.deadline = d
+	}
+	if h.doubt == 0 || ttl < h.doubt {
+		h.doubt = ttl
+	}
+}
+
+// recorded applies a landed pass record to the holding it made: pending
+// becomes held, dated from the record's send. It reports whether the
+// holding still wants the lock (false: it was lost or closed meanwhile, and
+// the record's owner must release it).
+func (h *holding) recorded(sent time.Time) bool {
+	h.mu.Lock()
+	if h.st == pending {
+		h.st = held
+	}
+	live := h.st == held || h.st == ending
+	if live {
+		h.proveLocked(sent, h.ttl)
+	}
+	h.mu.Unlock()
+	h.c.dog.schedule(h)
+	return live
+}
+
+// end moves a live holding (or, for lose, one on its way out) to a final
+// or ending state and ends its context. It reports whether it did.
+func (h *holding) end(to state, cause error) bool {
+	h.mu.Lock()
+	from := h.st
+	ok := from.live() || (to == lost && (from == ending || from == passing))
+	if !ok {
+		h.mu.Unlock()
+		return false
+	}
+	h.st = to
+	if to.final() {
+		h.cause = cause
+	}
+	cancel := h.cancel
+	h.mu.Unlock()
+	if cancel != nil && from.live() {
+		cancel(cause)
+	}
+	h.c.dog.remove(h)
+	if to == lost && from.live() {
+		h.c.cfg.logger.Warn("dlock: lease lost", "lock", h.lk.name, "fence", h.fence, "cause", cause)
+	}
+	return true
+}
+
+// lose ends the holding with cause ErrLockLost (wrapping why).
+func (h *holding) lose(why string) bool {
+	return h.end(lost, fmt.Errorf("%w: %s", ErrLockLost, why))
+}
+
+// giveUp is the start of the last Unlock: the lease ends for its holder
+// (context canceled, no more renewals) before anything is sent.
+func (h *holding) giveUp() { h.end(ending, context.Canceled) }
+
+// startPass moves an ending holding to passing, with p its pass.
+func (h *holding) startPass(p *pass) {
+	h.mu.Lock()
+	h.st, h.pass = passing, p
+	h.mu.Unlock()
+}
+
+// settle makes an ending or passing holding final.
+func (h *holding) settle(to state, cause error) {
+	h.mu.Lock()
+	if h.st == ending || h.st == passing {
+		h.st, h.cause = to, cause
+	}
+	h.mu.Unlock()
+}
+
+// closeDown ends a live holding as its Client closes; it reports whether
+// the lock must be released now (a pending one is released by its record).
+func (h *holding) closeDown() (release bool) {
+	h.mu.Lock()
+	st := h.st
+	h.mu.Unlock()
+	return h.end(closed, ErrClosed) && st == held
+}
+
+// snapshot returns the state and why it ended.
+func (h *holding) snapshot() (state, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.st, h.cause
+}
+
+// expired ends a live holding whose deadline has passed, so that a holder
+// resuming from a pause sees its lease ended before any timer has fired.
+func (h *holding) expired(now time.Time) bool {
+	h.mu.Lock()
+	gone := h.st.live() && !now.Before(h.deadline)
+	h.mu.Unlock()
+	return gone && h.lose("lease deadline passed before renewal")
+}
+
+// renewable reports whether the watchdog should renew h now, and with what TTL.
+func (h *holding) renewable() (time.Duration, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ttl, h.st == held && h.lk.renew
+}
+
+// context returns the lease context, creating it on first use (most leases
+// never need one).
+func (h *holding) context() context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ctx == nil {
+		ctx, cancel := context.WithCancelCause(context.WithoutCancel(h.parent))
+		h.ctx = &leaseContext{Context: ctx, h: h}
+		h.cancel = cancel
+		if !h.st.live() {
+			cause := h.cause
+			if cause == nil {
+				cause = context.Canceled
+			}
+			cancel(cause)
+		}
+	}
+	return h.ctx
+}
+
+type leaseKey struct{}
+
+// leaseContext is the context of a holding. It checks the lease deadline on
+// every Done and Err, and lets Lock find the holding for reentrancy.
+type leaseContext struct {
+	context.Context
+	h *holding
+}
+
+func (c *leaseContext) Done() <-chan struct{} {
+	c.h.expired(time.Now())
+	return c.Context.Done()
+}
+
+func (c *leaseContext) Err() error {
+	c.h.expired(time.Now())
+	return c.Context.Err()
+}
+
+func (c *leaseContext) Value(key any) any {
+	if key == (leaseKey{}) {
+		return c.h
+	}
+	return c.Context.Value(key)
+}
+
+// reenter adds one more lease to a live holding (a reentrant Lock).
+func (h *holding) reenter() (*Lease, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.st.live() {
+		return nil, nameErr(h.lk.name, h.endCause())
+	}
+	h.holds++
+	return &Lease{h: h}, nil
+}
+
+// endCause is why a holding that is not live ended. Called with h.mu held.
+func (h *holding) endCause() error {
+	if h.cause != nil {
+		return h.cause
+	}
+	return fmt.Errorf("%w: lease already unlocked", ErrLockLost)
+}

@@ -1,0 +1,181 @@
+package dlock
+
+import (
+	"context"
+	"time"
+)
+
+// fairLiveness is how long a waiter's place in the line at Redis holds
+// without the waiter refreshing it (it refreshes every third of it). A
+// waiter that died or gave up is skipped within this bound, and a lock
+// handed to a waiter that died a moment before lives on for at most about
+// three times it.
+const fairLiveness = time.Second
+
+// subscribeWait bounds how long a waiter waits for its subscriptions to be
+// confirmed before it looks at the lock anyway (bounded by the holder's TTL
+// as ever, and by its refreshes).
+const subscribeWait = time.Second
+
+// wait is Lock after its first look: h waits in the lock's line at Redis
+// until a release hands it the lock, a holder of this Client passes it the
+// lock (default mode), a look finds the lock free for it, or ctx ends.
+//
+// In default mode the Client's waiters for a lock queue locally in arrival
+// order and only the head waits in the line at Redis: the lock goes round
+// the Clients in turn, and each serves its own waiters in order. Fair,
+// semaphore and RWMutex waiters all wait in the line themselves.
+func (lk *lock) wait(ctx context.Context, h *holding) (*Lease, error) {
+	c := lk.c
+	lc, w := c.join(lk, h)
+	defer c.leave(lc, w)
+	if !lk.fair {
+		select {
+		case <-w.turn:
+		case <-ctx.Done():
+			return nil, lk.fail(ctx, ctx.Err())
+		case <-c.bg.Done():
+			return nil, nameErr(lk.name, ErrClosed)
+		}
+	}
+	// The subscriptions must be live before we take a place, or a
+	// hand-over (or release) between our look and the subscription would
+	// go unheard until our next refresh. If they cannot be confirmed soon
+	// we go on: the refreshes bound the wait.
+	bound := time.NewTimer(subscribeWait)
+	defer bound.Stop()
+	for _, ready := range lc.ready {
+		select {
+		case <-ready:
+		case <-bound.C:
+		case <-ctx.Done():
+			return nil, lk.fail(ctx, ctx.Err())
+		case <-c.bg.Done():
+			return nil, nameErr(lk.name, ErrClosed)
+		}
+		if !bound.Stop() {
+			break // the bound is spent: look now
+		}
+		bound.Reset(subscribeWait)
+	}
+	lk.proto.joinLine(h)
+	c.enterLine(lc, w)
+	return lk.inLine(ctx, h, lc, w)
+}
+
+// inLine is the loop of a waiter in the line: look (refreshing its place),
+// sleep until something happens, look again.
+func (lk *lock) inLine(ctx context.Context, h *holding, lc *local, w *waiter) (*Lease, error) {
+	c := lk.c
+	var placed time.Time // when the last look that put us in line was sent
+	inDoubt := false     // the last look's outcome is unknown
+	backoff := time.Millisecond
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		r, err := lk.attempt(ctx, h, true)
+		var sleep time.Duration
+		switch {
+		case err == nil && r.ok:
+			if r.already && !inDoubt && !placed.IsZero() {
+				c.expectHandOver(lk, w) // its message should follow
+			}
+			return lk.obtained(ctx, h, r, lc)
+		case err != nil && (ctx.Err() != nil || permanent(err)):
+			return nil, lk.quit(ctx, h, w, err)
+		case err != nil:
+			// Unknown outcome or unreachable server: retry with the same
+			// token (an applied acquire is then recognised as ours).
+			c.cfg.logger.Debug("dlock: acquire failed, retrying", "lock", lk.name, "err", err)
+			sleep, inDoubt = backoff, true
+			backoff = min(2*backoff, 500*time.Millisecond)
+		default:
+			placed, inDoubt, backoff = r.sent, false, time.Millisecond
+			// Look again when the holder's lease runs out, and keep our
+			// place alive meanwhile.
+			sleep = min(r.left, fairLiveness/3)
+			c.asleep(lc, w, r.fence)
+		}
+		timer.Reset(max(sleep, time.Millisecond))
+		var m mail
+		select {
+		case m = <-w.box:
+		case <-w.look:
+		case <-timer.C:
+		case <-ctx.Done():
+			return nil, lk.quit(ctx, h, w, ctx.Err())
+		case <-c.bg.Done():
+			return nil, lk.quit(ctx, h, w, ErrClosed)
+		}
+		if m == (mail{}) {
+			m = c.awake(w)
+		} else {
+			c.awake(w)
+		}
+		switch {
+		case m.pass != nil:
+			return lk.passedTo(ctx, h)
+		case m.fence != 0 && !placed.IsZero():
+			return lk.handedOver(ctx, h, lc, m.fence, placed)
+		}
+		// A hand-over without a look that proved our place (only after
+		// errors): the next look finds the lock ours and dates it.
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// handedOver makes h held: a release handed it the lock with fence f. Its
+// expiry was set at the hand-over to at least min(TTL, fairLiveness) after
+// our place was last refreshed, which was after placed (see release.lua).
+// The watchdog renews it to the full TTL a third of that later (not at
+// once: the new holder's work should not share the CPU with a renewal the
+// moment it starts); without the watchdog we extend once here.
+func (lk *lock) handedOver(ctx context.Context, h *holding, lc *local, f uint64, placed time.Time) (*Lease, error) {
+	if !lk.fair {
+		h.turnEnd = lk.c.turnFrom(lc)
+	}
+	h.granted(f, placed, min(h.ttl, fairLiveness))
+	if h.raced(ctx) {
+		return nil, nameErr(lk.name, ErrClosed)
+	}
+	if !lk.renew && h.ttl > fairLiveness {
+		if err := h.first.Extend(ctx, h.ttl); err != nil {
+			// Pass the lock on rather than leave it to its short expiry.
+			h.unlockNow(ctx)
+			return nil, err
+		}
+	}
+	return &h.first, nil
+}
+
+// passedTo returns the lease of a waiter a holder of this Client passed the
+// lock to (it is pending: see pass.go).
+func (lk *lock) passedTo(ctx context.Context, h *holding) (*Lease, error) {
+	if h.raced(ctx) {
+		return nil, nameErr(lk.name, ErrClosed)
+	}
+	return &h.first, nil
+}
+
+// quit ends a wait that ctx, Close or an error cut short: it leaves the
+// line, and a lock handed or passed to the waiter at that moment is passed
+// on or released rather than kept.
+func (lk *lock) quit(ctx context.Context, h *holding, w *waiter, cause error) error {
+	if m := lk.c.awake(w); m.pass != nil {
+		h.giveUp()
+		h.finishLater() // once the pass is recorded, pass it on or release it
+		return lk.stopped(ctx, cause)
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(lk.ttl, 5*time.Second))
+	_ = lk.proto.giveBack(lctx, lk, h.token)
+	cancel()
+	if permanent(cause) {
+		return lk.fail(ctx, cause)
+	}
+	return lk.stopped(ctx, cause)
+}

@@ -1,0 +1,276 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/dlock-go/dlock/internal/wire"
+)
+
+// lock is what every primitive is made of: a name at Redis, the lease
+// options, and the protocol of its kind. It does not change once made.
+type lock struct {
+	c        *Client
+	name     string
+	kind     string    // wire.KindMutex, KindSemaphore or KindRWMutex
+	keyArr   [4]string // the KEYS of its scripts (scriptKeys); [0] is the lock hash
+	hash     string    // the lock hash: its key, and its wake-up channel
+	handover string    // this Client's hand-over channel for the lock
+	ttl      time.Duration
+	ttlArg   string
+	renew    bool
+	fair     bool   // waiters wait in the line at Redis; false: default mode (see Mutex.Lock)
+	readSide bool   // the read side of an RWMutex
+	sizeArg  string // a semaphore's size
+	nArg     string // the permits every call takes (the sides of an RWMutex)
+	proto    proto
+	err      error // an invalid name or option, reported by every call
+}
+
+// proto is what one kind of lock does at Redis: its scripts and arguments.
+type proto interface {
+	// prepare builds h's acquire and release command lines (n: permits).
+	prepare(h *holding, n int64)
+	// joinLine makes h's acquire take, or keep alive, a place in the line.
+	joinLine(h *holding)
+	extend(h *holding, ttlMillis string) call
+	pttl(h *holding) call
+	// giveBack leaves the line and releases the lock if it had been handed
+	// to token meanwhile (or if an acquire whose reply was lost took it).
+	giveBack(ctx context.Context, lk *lock, token string) error
+}
+
+// call is one script call made with script.run.
+type call struct {
+	s    *script
+	keys []string
+	args []any
+}
+
+// initLock makes l the lock called name, of kind, with opts (in place: the
+// prepared command lines of its holdings point into it).
+func (c *Client) initLock(l *lock, name, kind string, opts []LockOption) {
+	cfg := lockConfig{ttl: DefaultTTL}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	k, handover := wire.KeysAndHandOver(c.cfg.prefix, name, c.id)
+	*l = lock{
+		c: c, name: name, kind: kind, hash: k.Hash, handover: handover, ttl: cfg.ttl, renew: !cfg.noRenew,
+		fair: cfg.fair || kind != wire.KindMutex, ttlArg: c.ttlArg,
+	}
+	if cfg.ttl != DefaultTTL {
+		l.ttlArg = formatMillis(cfg.ttl)
+	}
+	if kind == wire.KindMutex {
+		l.keyArr = [4]string{k.Hash, k.Line, k.Waiters}
+		l.proto = mutexProto{}
+	} else {
+		l.keyArr = [4]string{k.Hash, k.Holders, k.Line, k.Waiters} // sem.lua's order
+		l.proto = semProto{}
+	}
+	if err := validName(name); err != nil {
+		l.err = err
+	} else if err := validTTL(cfg.ttl); err != nil {
+		l.err = err
+	}
+}
+
+// scriptKeys are the KEYS of the lock's scripts.
+func (lk *lock) scriptKeys() []string {
+	if lk.kind == wire.KindMutex {
+		return lk.keyArr[:3]
+	}
+	return lk.keyArr[:4]
+}
+
+// start checks what every call checks first, and handles reentrancy: done
+// means the call returns (l, err).
+func (lk *lock) start(ctx context.Context) (l *Lease, err error, done bool) {
+	switch {
+	case lk.err != nil:
+		return nil, nameErr(lk.name, lk.err), true
+	case lk.c.closed.Load():
+		return nil, nameErr(lk.name, ErrClosed), true
+	case ctx.Err() != nil:
+		return nil, lk.fail(ctx, ctx.Err()), true
+	case lk.kind == wire.KindSemaphore:
+		return nil, nil, false // permits are counted, not re-entered
+	}
+	h := lk.c.heldIn(ctx, lk.hash, lk.kind)
+	if h == nil {
+		return nil, nil, false
+	}
+	if lk.kind == wire.KindRWMutex && !lk.readSide && h.lk.readSide {
+		return nil, nameErr(lk.name, invalidf("Lock under a read lease of the same RWMutex would wait for itself: unlock the read lease first (no upgrades)")), true
+	}
+	l, err = h.reenter()
+	return l, err, true
+}
+
+// heldIn finds a holding of key by c among the lease contexts ctx descends from.
+func (c *Client) heldIn(ctx context.Context, key, kind string) *holding {
+	for v := ctx.Value(leaseKey{}); v != nil; {
+		h := v.(*holding)
+		if h.c == c && h.lk.hash == key && h.lk.kind == kind {
+			return h
+		}
+		v = h.parent.Value(leaseKey{})
+	}
+	return nil
+}
+
+// try is TryLock after its checks: one attempt without a place in line.
+func (lk *lock) try(ctx context.Context, n int64) (*Lease, error) {
+	h := lk.newHolding(ctx, n)
+	r, err := lk.attempt(ctx, h, false)
+	switch {
+	case err != nil:
+		lk.abandon(ctx, h.token, err)
+		return nil, lk.fail(ctx, err)
+	case !r.ok:
+		return nil, nameErr(lk.name, ErrNotObtained)
+	}
+	return lk.obtained(ctx, h, r, nil)
+}
+
+// firstLook is a Lock's attempt before it waits, without a place in line.
+// done: Lock returns (l, err); otherwise it goes on to wait.
+func (lk *lock) firstLook(ctx context.Context, h *holding) (l *Lease, err error, done bool) {
+	r, err := lk.attempt(ctx, h, false)
+	switch {
+	case err == nil && r.ok:
+		l, err = lk.obtained(ctx, h, r, nil)
+		return l, err, true
+	case err != nil && (ctx.Err() != nil || permanent(err)):
+		lk.abandon(ctx, h.token, err)
+		return nil, lk.fail(ctx, err), true
+	}
+	return nil, nil, false
+}
+
+// look is the reply of one acquire.
+type look struct {
+	ok      bool          // obtained, with fence
+	fence   uint64        // obtained: the fence; not: the holder's
+	already bool          // the token already held it (handed over while in line, or a retry)
+	sent    time.Time     // when the acquire was sent
+	left    time.Duration // not obtained: how long the holder's lease has left
+}
+
+// attempt runs h's acquire once. An error may leave the outcome unknown.
+func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, error) {
+	r := look{sent: time.Now()}
+	h.contended = waited
+	v, err := lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, func(v any, err error) {
+		// The caller gave up before the reply: if it was a grant (or may
+		// have been), give the lock back rather than leave it to its TTL.
+		if a, ok := v.([]any); err != nil || (ok && len(a) >= 2 && a[0] == int64(1)) {
+			lk.abandon(context.Background(), h.token, ErrLockLost)
+		}
+	})
+	if err != nil {
+		return r, lk.kindErr(err)
+	}
+	a, ok := v.([]any)
+	if !ok || len(a) < 2 {
+		return r, fmt.Errorf("unexpected acquire reply %v", v)
+	}
+	got, _ := a[0].(int64)
+	n, _ := a[1].(int64)
+	var third int64
+	if len(a) > 2 {
+		third, _ = a[2].(int64)
+	}
+	if got == 1 {
+		r.ok, r.fence, r.already = true, uint64(n), third == 1
+		return r, nil
+	}
+	r.left, r.fence = time.Duration(n)*time.Millisecond, uint64(third)
+	if n < 0 { // no expiry on the key (not set by dlock): look again after a TTL
+		r.left = lk.ttl
+	}
+	return r, nil
+}
+
+// obtained makes h held after its acquire r succeeded (lc: the waiter's
+// books, if it waited), or releases it again if Close raced with it.
+func (lk *lock) obtained(ctx context.Context, h *holding, r look, lc *local) (*Lease, error) {
+	if lc != nil {
+		h.turnEnd = lk.c.turnFrom(lc)
+	}
+	h.granted(r.fence, r.sent, h.ttl)
+	if h.raced(ctx) {
+		return nil, nameErr(lk.name, ErrClosed)
+	}
+	return &h.first, nil
+}
+
+// raced, called just after h became live, reports whether Close raced with
+// it; then it releases the lock (Close did not see h). Close sets closed
+// before it collects the live holdings, so a holding made live before that
+// is Close's to release, and one after is seen here.
+func (h *holding) raced(ctx context.Context) bool {
+	if !h.c.closed.Load() {
+		return false
+	}
+	h.unlockNow(ctx)
+	return true
+}
+
+// kindErr maps a script's error reply to a dlock error that names what the
+// key holds and what this call wanted it to be.
+func (lk *lock) kindErr(err error) error {
+	e := scriptErr(lk.hash, err)
+	switch {
+	case errors.Is(e, ErrForeignKey):
+		return fmt.Errorf("%w, not a %s", e, lk.kind)
+	case strings.HasPrefix(err.Error(), wire.ErrSize):
+		return invalidf("semaphore %q is in use with size %s, not %s: every client must give it the same size",
+			lk.name, strings.TrimPrefix(err.Error(), wire.ErrSize), lk.sizeArg)
+	}
+	return e
+}
+
+// permanent reports errors that retrying cannot cure.
+func permanent(err error) bool {
+	return errors.Is(err, ErrForeignKey) || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalidArgument)
+}
+
+// fail wraps err for the caller; a ctx error comes out so that it errors.Is ctx.Err().
+func (lk *lock) fail(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		if cause := context.Cause(ctx); cause != nil && cause != cerr {
+			return fmt.Errorf("dlock: lock %q: %w (%w)", lk.name, cerr, cause)
+		}
+		return nameErr(lk.name, cerr)
+	}
+	return nameErr(lk.name, err)
+}
+
+// stopped is the error of a wait that ctx or Close (cause ErrClosed) ended.
+func (lk *lock) stopped(ctx context.Context, cause error) error {
+	if errors.Is(cause, ErrClosed) {
+		return nameErr(lk.name, ErrClosed)
+	}
+	return lk.fail(ctx, cause)
+}
+
+// abandon gives back, in the background, what an acquire whose outcome is
+// unknown may have taken: nobody else would release it before its TTL.
+func (lk *lock) abandon(ctx context.Context, token string, err error) {
+	if err == nil || errors.Is(err, ErrForeignKey) || errors.Is(err, ErrInvalidArgument) {
+		return
+	}
+	release := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(lk.ttl, 5*time.Second))
+		defer cancel()
+		_ = lk.proto.giveBack(rctx, lk, token)
+	}
+	if !lk.c.goBg(release) {
+		release() // the Client is closing: no goroutine may start
+	}
+}

@@ -1,0 +1,269 @@
+package dlock
+
+import "time"
+
+// local is this Client's books about one lock it waits for: its waiters,
+// and the two channels they need subscribed while any of them waits (the
+// lock's own, on which a release that frees it is published, and this
+// Client's hand-over channel for it). All fields are guarded by Client.mu.
+type local struct {
+	lk       *lock
+	ready    [2]<-chan struct{} // closed once each channel is subscribed
+	queue    []*waiter          // default mode, in arrival order: only the head waits at Redis
+	seq      uint64             // default-mode waiters ever queued: the last one's seq
+	line     []*waiter          // waiters in the line at Redis
+	users    int                // waiters registered
+}
+
+// A waiter is one Lock call that waits. Its fields are guarded by Client.mu,
+// except the channels, which it receives from alone.
+type waiter struct {
+	h      *holding
+	seq    uint64        // default mode: its arrival number, from 1
+	turn   chan struct{} // default mode: closed once it heads the queue
+	box    chan mail     // capacity 1: the lock was handed over or passed to it
+	look   chan struct{} // capacity 1: look at the lock again
+	seen   uint64        // the fence of the holder its last look found
+	asleep bool          // a default-mode head asleep in line: a holder of ours may pass to it
+}
+
+// mail is what a waiter's box holds: a hand-over from Redis (fence), or a
+// pass from a holder of this Client. Every send into a box holds Client.mu
+// and wakes the waiter for good (asleep becomes false), so a box receives
+// one of them at most and a pass never lands on a waiter that is taking a
+// hand-over.
+type mail struct {
+	fence uint64
+	pass  *pass
+}
+
+// queued reports whether default-mode waiters of this Client wait for key.
+func (c *Client) queued(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lc := c.locals[key]
+	return lc != nil && len(lc.queue) > 0
+}
+
+// join registers h's Lock as a waiter for its lock: in default mode at the
+// end of the Client's queue for it.
+func (c *Client) join(lk *lock, h *holding) (*local, *waiter) {
+	w := &waiter{h: h, box: make(chan mail, 1), look: make(chan struct{}, 1)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lc := c.locals[lk.hash]
+	if lc == nil {
+		lc = &local{lk: lk}
+		lc.ready[0] = c.hub.Want(lk.hash)
+		lc.ready[1] = c.hub.Want(lk.handover)
+		c.locals[lk.hash] = lc
+	}
+	lc.users++
+	if !lk.fair {
+		lc.seq++
+		w.seq = lc.seq
+		w.turn = make(chan struct{})
+		lc.queue = append(lc.queue, w)
+		if len(lc.queue) == 1 {
+			close(w.turn)
+		}
+	}
+	return lc, w
+}
+
+// enterLine records that w waits in the line at Redis: hand-overs to its
+// token reach it, and so do releases.
+func (c *Client) enterLine(lc *local, w *waiter) {
+	c.mu.Lock()
+	lc.line = append(lc.line, w)
+	c.byToken[w.h.token] = w
+	c.mu.Unlock()
+}
+
+// leave forgets w; the next waiter of the queue gets its turn, and the
+// subscriptions go once nobody waits.
+func (c *Client) leave(lc *local, w *waiter) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w.asleep = false
+	if c.byToken[w.h.token] == w {
+		delete(c.byToken, w.h.token)
+	}
+	lc.line = remove(lc.line, w)
+	if len(lc.queue) > 0 && lc.queue[0] == w {
+		lc.queue = lc.queue[1:]
+		if len(lc.queue) > 0 {
+			close(lc.queue[0].turn)
+		}
+	} else {
+		lc.queue = remove(lc.queue, w)
+	}
+	lc.users--
+	if lc.users == 0 {
+		delete(c.locals, lc.lk.hash)
+		c.hub.Unwant(lc.lk.hash)
+		c.hub.Unwant(lc.lk.handover)
+	}
+}
+
+func remove(ws []*waiter, w *waiter) []*waiter {
+	for i, x := range ws {
+		if x == w {
+			copy(ws[i:], ws[i+1:])
+			ws[len(ws)-1] = nil
+			return ws[:len(ws)-1]
+		}
+	}
+	return ws
+}
+
+// asleep records that w's last look found the holder with fence seen, and
+// that w now sleeps: a default-mode head may be passed the lock meanwhile.
+func (c *Client) asleep(lc *local, w *waiter, seen uint64) {
+	c.mu.Lock()
+	w.seen = seen
+	w.asleep = !lc.lk.fair && len(lc.queue) > 0 && lc.queue[0] == w
+	c.mu.Unlock()
+}
+
+// awake ends w's sleep: no pass is made to it from now on. It returns what
+// came into its box meanwhile, if anything.
+func (c *Client) awake(w *waiter) mail {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w.asleep = false
+	select {
+	case m := <-w.box:
+		return m
+	default:
+		return mail{}
+	}
+}
+
+// turnFrom returns the last waiter of the turn that a holding of lc's lock
+// obtained through Redis begins: the lock may be passed to the waiters
+// queued by now, and then goes back to the line at Redis, to the next Client.
+func (c *Client) turnFrom(lc *local) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return lc.seq
+}
+
+// passOn gives h's lock (being unlocked) to this Client's head waiter for
+// it, if that waiter is asleep in line and was queued before h's turn
+// ended. It returns nil if there is no such waiter; otherwise the waiter's
+// holding is pending, its Lock returns at once, and the pass is recorded at
+// Redis in the background (see pass.go).
+func (c *Client) passOn(h *holding) *pass {
+	if h.lk.fair || h.turnEnd == 0 {
+		return nil // Fair, semaphore and RWMutex holders keep the line's order
+	}
+	h.mu.Lock()
+	deadline := h.deadline
+	h.mu.Unlock()
+	now := time.Now()
+	if deadline.Sub(now) < passMargin {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lc := c.locals[h.lk.hash]
+	if lc == nil || len(lc.queue) == 0 || c.closed.Load() {
+		return nil
+	}
+	w := lc.queue[0]
+	if !w.asleep || w.seq > h.turnEnd {
+		return nil
+	}
+	p := &pass{from: h, to: w.h, fence: h.fence + 1, deadline: deadline, turnEnd: h.turnEnd, done: make(chan struct{})}
+	w.h.passedIn(p, now)
+	h.startPass(p)
+	// Start the record before waking the waiter: the goroutine made
+	// runnable last runs next on this P, and the waiter's Lock should
+	// return first. (Close cannot have stopped goroutines: it takes c.mu
+	// after setting closed, before it waits for them.)
+	c.goBg(func() { c.record(p) })
+	w.asleep = false
+	w.box <- mail{pass: p} // empty: it is filled only under c.mu, and w was asleep
+	return p
+}
+
+// handOver delivers a hand-over from Redis to the waiter whose token it
+// names, if it still waits.
+func (c *Client) handOver(token string, fence uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.late, token) // it came (see expectHandOver)
+	w := c.byToken[token]
+	if w == nil {
+		return
+	}
+	w.asleep = false
+	select {
+	case w.box <- mail{fence: fence}:
+	default: // a pass came first: its record finds the lock not the passer's
+	}
+}
+
+// expectHandOver runs when waiter w's own look found the lock already
+// handed to it after an earlier look had put it in line: the hand-over's
+// message should follow. If it does not come soon, the subscription of the
+// hand-over channel is not hearing it (e.g. still on a server that a
+// failover demoted), and the hub is told to check that channel.
+func (c *Client) expectHandOver(lk *lock, w *waiter) {
+	c.mu.Lock()
+	if len(w.box) > 0 {
+		c.mu.Unlock()
+		return
+	}
+	token := w.h.token
+	c.late[token] = true
+	c.mu.Unlock()
+	c.goBg(func() {
+		t := time.NewTimer(lateHandOver)
+		defer t.Stop()
+		select {
+		case <-c.bg.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		missed := c.late[token]
+		delete(c.late, token)
+		c.mu.Unlock()
+		if missed {
+			c.hub.Suspect(lk.handover)
+		}
+	})
+}
+
+// lateHandOver is how long after its waiter found it a hand-over message may
+// still come before it counts as missed.
+const lateHandOver = 200 * time.Millisecond
+
+// released wakes the waiters in line for the lock key whose holder (or a
+// later one) released it: fence f, or unknown (then every one looks).
+func (c *Client) released(key string, f uint64, known bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lc := c.locals[key]
+	if lc == nil {
+		return
+	}
+	for _, w := range lc.line {
+		if !known || f >= w.seen {
+			poke(w.look)
+		}
+	}
+}
+
+// wakeLocal tells this Client's waiters in line that a holding of ours
+// with fence f freed the lock, without waiting for the published message.
+func (c *Client) wakeLocal(key string, f uint64) { c.released(key, f, true) }
+
+func poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}

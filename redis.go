@@ -1,0 +1,240 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/dlock-go/dlock/internal/wire"
+	"github.com/redis/go-redis/v9"
+)
+
+// script is one of dlock's Lua scripts (internal/wire), run with EVALSHA
+// and loaded on NOSCRIPT.
+type script struct {
+	name, src, sha string
+}
+
+func loadScript(s *wire.Script) *script { return &script{name: s.Name, src: s.Src, sha: s.SHA} }
+
+var (
+	acquireScript     = loadScript(wire.Acquire)
+	releaseScript     = loadScript(wire.Release)
+	extendScript      = loadScript(wire.Extend)
+	pttlScript        = loadScript(wire.PTTL)
+	passScript        = loadScript(wire.Pass)
+	fairAcquireScript = loadScript(wire.FairAcquire)
+	fairLeaveScript   = loadScript(wire.FairLeave)
+	semScript         = loadScript(wire.Sem)
+)
+
+// cmdline holds a holding's acquire and release command lines, built once
+// in place as {"evalsha", &sha, numkeys, keys..., args...}. The arguments
+// are pointers to strings that live as long as the holding (its lock's, or
+// its own), so go-redis neither copies nor boxes them: this is where the
+// hot path's allocations are saved, and the only place that plays such
+// tricks.
+type cmdline struct {
+	acq                  [17]any
+	rel                  [10]any
+	acqLen, relLen       int
+	acqScript, relScript *script
+	join                 string // "1" once the acquire takes a place in line, else "0"
+	nArg                 string // a semaphore acquire's permits
+}
+
+func (c *cmdline) acquire() []any { return c.acq[:c.acqLen] }
+func (c *cmdline) release() []any { return c.rel[:c.relLen] }
+
+// setAcquire and setRelease build the command lines. A line is never
+// changed while it may be in flight (only between attempts).
+func (c *cmdline) setAcquire(s *script, args ...any) {
+	c.acqScript = s
+	c.acqLen = copy(c.acq[:], args)
+}
+
+func (c *cmdline) setRelease(s *script, args ...any) {
+	c.relScript = s
+	c.relLen = copy(c.rel[:], args)
+}
+
+func formatMillis(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+func formatUint(u uint64) string          { return strconv.FormatUint(u, 10) }
+
+// scripter is what running a script needs: a client, a pipeline or a transaction.
+type scripter interface {
+	EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
+	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
+}
+
+// run executes the script, sending its source only when the server does not
+// have it cached (after a restart, failover or SCRIPT FLUSH).
+func (s *script) run(ctx context.Context, r scripter, keys []string, args ...any) (any, error) {
+	v, err := r.EvalSha(ctx, s.sha, keys, args...).Result()
+	if err != nil && isNoScript(err) {
+		v, err = r.Eval(ctx, s.src, keys, args...).Result()
+	}
+	return v, err
+}
+
+// doer sends an arbitrary command: a client or a pipeline.
+type doer interface {
+	Do(ctx context.Context, args ...any) *redis.Cmd
+}
+
+// do runs a script from a prepared command line (see cmdline).
+func (s *script) do(ctx context.Context, r doer, args []any) (any, error) {
+	v, err := r.Do(ctx, args...).Result()
+	if err != nil && isNoScript(err) {
+		a := make([]any, len(args))
+		copy(a, args)
+		a[0], a[1] = "eval", s.src
+		v, err = r.Do(ctx, a...).Result()
+	}
+	return v, err
+}
+
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// isForeign reports a script's refusal to touch a key that is not a dlock
+// lock of its kind.
+func isForeign(err error) bool {
+	return err != nil && errors.Is(scriptErr("", err), ErrForeignKey)
+}
+
+// eval runs a script call for a caller that waits on ctx (see aside).
+func (c *Client) eval(ctx context.Context, k call) (any, error) {
+	return c.aside(ctx, func(ctx context.Context) (any, error) { return k.s.run(ctx, c.rdb, k.keys, k.args...) }, nil)
+}
+
+// pipelineAbove is how many lock-path calls must be in flight before a new
+// one goes through the autopipeliner.
+const pipelineAbove = 8
+
+// runLine runs a prepared command line of script s. If the caller's ctx
+// ends before the reply, late (if not nil) gets the reply when it comes.
+// Urgent calls (a hand-off is waiting on them) skip the pipeliner.
+func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent bool, late func(any, error)) (any, error) {
+	// Calls go straight to a pooled connection unless many are in flight:
+	// batching saves system calls only when there are round trips to
+	// share, and costs every call a hop through the pipeliner's goroutine.
+	n := c.inflight.Add(1)
+	defer c.inflight.Add(-1)
+	if n > pipelineAbove && c.ap != nil && !urgent {
+		v, err := c.submit(ctx, args, late)
+		if err != nil && isNoScript(err) {
+			// Load it (on every shard of a cluster) and send it again.
+			if lerr := c.rdb.ScriptLoad(ctx, s.src).Err(); lerr != nil {
+				return nil, lerr
+			}
+			v, err = c.submit(ctx, args, late)
+		}
+		return v, err
+	}
+	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.do(ctx, c.rdb, args) }, late)
+}
+
+// submit runs one prepared command line on the client's deferred
+// autopipeliner and waits for it or for ctx, without a goroutine per call.
+// If ctx ends first, the command still runs: late (if not nil) gets its
+// reply when it comes.
+func (c *Client) submit(ctx context.Context, args []any, late func(any, error)) (any, error) {
+	cmd := redis.NewCmd(ctx, args...)
+	f := c.ap.Submit(ctx, cmd)
+	if err := f.WaitContext(ctx); err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		if late != nil {
+			c.goBg(func() {
+				_ = f.Wait()
+				late(cmd.Result())
+			})
+		}
+		return nil, err
+	}
+	return cmd.Result()
+}
+
+// aside runs f. go-redis bounds its socket I/O by ctx only when the client
+// has ContextTimeoutEnabled; without it a paused server holds the caller
+// for the client's own read timeout. Then f runs on a goroutine and the
+// caller returns when ctx ends (f itself still ends at the client's
+// timeout, and late gets its reply).
+func (c *Client) aside(ctx context.Context, f func(context.Context) (any, error), late func(any, error)) (any, error) {
+	if c.ctxAware || ctx.Done() == nil {
+		return f(ctx)
+	}
+	type result struct {
+		v   any
+		err error
+	}
+	ch := make(chan result, 1)
+	var gone, handed atomic.Bool // handed: late got the reply (exactly once)
+	if !c.goBg(func() {
+		v, err := f(ctx)
+		ch <- result{v, err}
+		if late != nil && gone.Load() && handed.CompareAndSwap(false, true) {
+			late(v, err)
+		}
+	}) {
+		return f(ctx) // the Client is closing: no goroutine may start
+	}
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		gone.Store(true)
+		// The reply may have come at the same moment: hand it on.
+		select {
+		case r := <-ch:
+			if late != nil && handed.CompareAndSwap(false, true) {
+				late(r.v, r.err)
+			}
+		default:
+		}
+		return nil, ctx.Err()
+	}
+}
+
+// contextAware reports whether rdb bounds socket I/O by the ctx deadline.
+func contextAware(rdb redis.UniversalClient) bool {
+	switch r := rdb.(type) {
+	case *redis.Client:
+		return r.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return r.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return r.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// releaseCall sends h's release. One that is likely to hand the lock over
+// (h was obtained after waiting) goes with a cheap read of the lock key in
+// front of it in the same write: Redis then has output pending for us when
+// the script publishes the hand-over, and writes pending output
+// newest-first, so the next holder's message leaves before our reply and
+// the next holder's process is woken first (bench/ -scenario hotkey).
+func (c *Client) releaseCall(ctx context.Context, h *holding) (any, error) {
+	args := h.cmd.release()
+	if !h.contended {
+		return c.runLine(ctx, h.cmd.relScript, args, false, nil)
+	}
+	c.inflight.Add(1)
+	defer c.inflight.Add(-1)
+	return c.aside(ctx, func(ctx context.Context) (any, error) {
+		pipe := c.rdb.Pipeline()
+		pipe.Exists(ctx, h.lk.hash)
+		cmd := redis.NewCmd(ctx, args...)
+		_ = pipe.Process(ctx, cmd)
+		_, _ = pipe.Exec(ctx)
+		v, err := cmd.Result()
+		if err != nil && isNoScript(err) {
+			return h.cmd.relScript.do(ctx, c.rdb, args)
+		}
+		return v, err
+	}, nil)
+}
