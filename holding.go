@@ -76,7 +76,7 @@ type holding struct {
 	turnEnd   uint64 // default mode: the last local waiter of this Client's turn (see queue.go); 0: none
 	contended bool   // obtained after waiting: its release is likely awaited
 
-	tried    time.Time     // when the last renewal was sent
+	tried time.Time // when the last renewal was sent
 
 	// Watchdog bookkeeping, guarded by c.dog.mu.
 	due   time.Time

@@ -7,12 +7,12 @@ import "time"
 // lock's own, on which a release that frees it is published, and this
 // Client's hand-over channel for it). All fields are guarded by Client.mu.
 type local struct {
-	lk       *lock
-	ready    [2]<-chan struct{} // closed once each channel is subscribed
-	queue    []*waiter          // default mode, in arrival order: only the head waits at Redis
-	seq      uint64             // default-mode waiters ever queued: the last one's seq
-	line     []*waiter          // waiters in the line at Redis
-	users    int                // waiters registered
+	lk    *lock
+	ready [2]<-chan struct{} // closed once each channel is subscribed
+	queue []*waiter          // default mode, in arrival order: only the head waits at Redis
+	seq   uint64             // default-mode waiters ever queued: the last one's seq
+	line  []*waiter          // waiters in the line at Redis
+	users int                // waiters registered
 }
 
 // A waiter is one Lock call that waits. Its fields are guarded by Client.mu,
