@@ -86,10 +86,17 @@ func contend(t *testing.T, ctx context.Context, rdb *redis.Client, workers, each
 // waitLine waits until the line of the lock key has n waiters.
 func waitLine(t *testing.T, ctx context.Context, rdb *redis.Client, key string, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for rdb.LLen(ctx, key+":q").Val() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("line of %s: %d waiters, want %d", key, rdb.LLen(ctx, key+":q").Val(), n)
+	waitFor(t, ctx, fmt.Sprintf("%d in the line of %s", n, key), func() bool { return rdb.LLen(ctx, key+":q").Val() == n })
+}
+
+// waitFor polls cond until it holds, failing the test after 10s (or when
+// ctx ends): tests wait for what they can observe, not for a while.
+func waitFor(t testing.TB, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("waited in vain for: %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -190,4 +197,28 @@ func handOffs(t *testing.T, ctx context.Context, clients []*dlock.Client, last *
 		t.Fatalf("%d holders at once", most)
 	}
 	return time.Since(start)
+}
+
+// async runs lock in the background and returns a func that waits for its
+// result. When the test ends the call is cancelled and waited for, so a
+// failing test leaves nothing behind.
+func async(t testing.TB, ctx context.Context, lock func(context.Context) (*dlock.Lease, error)) func() (*dlock.Lease, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	type result struct {
+		l   *dlock.Lease
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		l, err := lock(ctx)
+		ch <- result{l, err}
+	}()
+	var once sync.Once
+	var r result
+	get := func() (*dlock.Lease, error) {
+		once.Do(func() { r = <-ch })
+		return r.l, r.err
+	}
+	t.Cleanup(func() { cancel(); _, _ = get() })
+	return get
 }

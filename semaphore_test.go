@@ -496,3 +496,70 @@ func TestSemaphoreAcquireReplyLost(t *testing.T) {
 		}
 	}
 }
+
+// TestSemaphoreKeysLostWhileWaiting: the semaphore's keys vanish (DEL,
+// eviction, a restart without persistence) while a waiter is in line. A
+// grant must take the grantee out of the line, or a later release serves
+// it again and the count of permits held drifts from the holdings (a
+// request for every permit then waits for the idle expiry). After every
+// caller has gone, the count is zero and no holding is left.
+func TestSemaphoreKeysLostWhileWaiting(t *testing.T) {
+	s := redistest.Start(t)
+	cs, rdb := newClients(t, s, 2)
+	for _, lost := range [][]string{{""}, {"", ":h"}, {"", ":h", ":q", ":w"}} {
+		t.Run(strings.Join(lost, "+"), func(t *testing.T) {
+			ctx := ctxT(t, 8*time.Second)
+			name := "lost" + strings.Join(lost, "")
+			hash := "dlock:{" + name + "}"
+			sem := func(i int) *dlock.Semaphore { return cs[i].Semaphore(name, 2) }
+			a, err := sem(0).Acquire(ctx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := sem(0).Acquire(ctx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wl := async(t, ctx, func(ctx context.Context) (*dlock.Lease, error) { return sem(1).Acquire(ctx, 1) })
+			waitLine(t, ctx, rdb, hash, 1)
+			for _, suffix := range lost {
+				rdb.Del(ctx, hash+suffix)
+			}
+			w, err := wl() // granted at its next refresh: the permits are free again
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A request for every permit waits behind the holder w.
+			xl := async(t, ctx, func(ctx context.Context) (*dlock.Lease, error) { return sem(1).Acquire(ctx, 2) })
+			waitFor(t, ctx, "the request for 2 permits is in line", func() bool {
+				for _, v := range rdb.HVals(ctx, hash+":w").Val() {
+					if strings.Contains(v, ",2,") || strings.HasSuffix(v, ",2") { // its entry (permits 2)
+						return true
+					}
+				}
+				return false
+			})
+			_ = a.Unlock(ctx) // its holding went with the keys: ErrLockLost, and a look at the line
+			_ = b.Unlock(ctx)
+			if err := w.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			x, err := xl()
+			if err != nil {
+				t.Fatalf("the request for every permit: %v", err)
+			}
+			if err := x.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			fields := rdb.HGetAll(ctx, hash).Val()
+			for f := range fields {
+				if strings.HasPrefix(f, "h:") {
+					t.Errorf("holding %s left behind", f)
+				}
+			}
+			if u := fields["u"]; u != "0" {
+				t.Fatalf("u = %q after every holder left, want 0 (%v)", u, fields)
+			}
+		})
+	}
+}

@@ -1,0 +1,149 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/wire"
+)
+
+// awkwardNames have bytes that a key, waiter entry or channel could mistake
+// for its own punctuation.
+var awkwardNames = []string{"a,b", ",", "x{y}z", "{", "x}:q", "a:b:c", "sp ace", "new\nline", "\xff\xfe\x00"}
+
+// exclusive describes a primitive for one lock name: how a holder takes it,
+// how a waiter waits for it (an RWMutex's writer), and how a newcomer tries
+// it (an RWMutex's reader), which must fail while that waiter waits.
+type exclusive struct {
+	kind            string
+	hold, wait      func(c *dlock.Client, name string) func(context.Context) (*dlock.Lease, error)
+	jumpAheadOfWait func(c *dlock.Client, name string) func(context.Context) (*dlock.Lease, error)
+}
+
+var exclusives = []exclusive{
+	{"mutex",
+		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) { return c.Mutex(n).Lock },
+		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) { return c.Mutex(n).Lock },
+		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) { return c.Mutex(n).TryLock }},
+	{"fair",
+		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
+			return c.Mutex(n, dlock.Fair()).Lock
+		},
+		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
+			return c.Mutex(n, dlock.Fair()).Lock
+		},
+		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
+			return c.Mutex(n, dlock.Fair()).TryLock
+		}},
+	{"rwmutex",
+		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) { return c.RWMutex(n).RLock },
+		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) { return c.RWMutex(n).Lock },
+		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
+			return c.RWMutex(n).TryRLock
+		}},
+	{"semaphore",
+		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
+			return acquire1(c.Semaphore(n, 1))
+		},
+		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
+			return acquire1(c.Semaphore(n, 1))
+		},
+		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
+			s := c.Semaphore(n, 1)
+			return func(ctx context.Context) (*dlock.Lease, error) { return s.TryAcquire(ctx, 1) }
+		}},
+}
+
+func acquire1(s *dlock.Semaphore) func(context.Context) (*dlock.Lease, error) {
+	return func(ctx context.Context) (*dlock.Lease, error) { return s.Acquire(ctx, 1) }
+}
+
+// TestAwkwardNames: every byte a name may contain survives every key,
+// waiter entry and channel of every primitive: a waiter in line keeps its
+// place (a newcomer does not get in ahead of it), is handed the lock by the
+// release, and every key at Redis reads back as the name.
+func TestAwkwardNames(t *testing.T) {
+	s := redistest.Start(t)
+	cs, rdb := newClients(t, s, 3)
+	for _, p := range exclusives {
+		if err := rdb.FlushAll(t.Context()).Err(); err != nil { // a name is one kind of lock
+			t.Fatal(err)
+		}
+		for _, name := range awkwardNames {
+			t.Run(p.kind+"/"+name, func(t *testing.T) {
+				ctx := ctxT(t, 20*time.Second)
+				a, err := p.hold(cs[0], name)(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a.Name() != name {
+					t.Fatalf("Lease.Name() = %q", a.Name())
+				}
+				wctx, cancel := context.WithCancel(ctx)
+				got := make(chan *dlock.Lease, 1)
+				werr := make(chan error, 1)
+				go func() {
+					b, err := p.wait(cs[1], name)(wctx)
+					got <- b
+					werr <- err
+				}()
+				defer func() { cancel(); <-werr }()
+				hash := wire.HashKey(wire.DefaultPrefix, name)
+				waitLine(t, ctx, rdb, hash, 1)
+				if l, err := p.jumpAheadOfWait(cs[2], name)(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+					t.Fatalf("a newcomer got %v, %v while a waiter was in line", l, err)
+				}
+				if n := rdb.LLen(ctx, hash+wire.SuffixLine).Val(); n != 1 {
+					t.Fatalf("the waiter lost its place in line (%d in line)", n)
+				}
+				keys, err := rdb.Keys(ctx, "*").Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				found := false
+				for _, k := range keys {
+					n, _, ok := wire.ParseKey(wire.DefaultPrefix, k)
+					if ok && n == name {
+						found = true
+					}
+				}
+				if !found {
+					t.Fatalf("no key at Redis reads back as %q: %q", name, keys)
+				}
+				if err := a.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				b := <-got
+				if b == nil {
+					t.Fatal(<-werr)
+				}
+				if b.Fence() <= a.Fence() {
+					t.Fatalf("fence %d after %d", b.Fence(), a.Fence())
+				}
+				if err := b.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if n := rdb.LLen(ctx, hash+wire.SuffixLine).Val(); n != 0 {
+					t.Fatalf("%d left in line", n)
+				}
+			})
+		}
+	}
+}
+
+// TestNameBeginningWithBrace: PREFIX{}x} would hash the whole key, so the
+// keys of one lock would not share a Cluster slot; such names are refused.
+func TestNameBeginningWithBrace(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 5*time.Second)
+	for _, p := range exclusives {
+		if _, err := p.hold(c, "}x")(ctx); !errors.Is(err, dlock.ErrInvalidArgument) {
+			t.Errorf("%s: name \"}x\": %v, want ErrInvalidArgument", p.kind, err)
+		}
+	}
+}
