@@ -23,7 +23,7 @@
 //     clock in microseconds: so fences keep increasing across reclaims,
 //     expiries and even restarts that lost the key, as long as the server
 //     clock does not step backwards. A held lock costs Redis one small hash
-//     (about 185 bytes; see TestMemoryPerLock).
+//     (under 200 bytes: TestMemoryPerLock checks it).
 //   - Waiting is notified, not polled: waiters of one Client share one
 //     subscription and queue locally in arrival order, and only the head of
 //     that queue contends at Redis, where it takes a place in the lock's line;

@@ -15,8 +15,8 @@ import (
 const (
 	// inventoryMargin multiplies the most items a lister could list. The
 	// bound is already loose (a PING is cheaper than any listing), and every
-	// item costs setup time (about 3 s per million here), so the margin is
-	// small; a lister that runs out anyway gets its cell rerun.
+	// item costs setup time, so the margin is small; a lister that runs out
+	// anyway gets its cell rerun.
 	inventoryMargin = 1.25
 	// minInventory is the smallest inventory a seller gets.
 	minInventory = 1000
