@@ -40,16 +40,20 @@ func spawn(cmd *exec.Cmd) error {
 	}
 	spawnOnce.Do(func() {
 		spawnReqs = make(chan spawnReq)
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread lives on
-			for r := range spawnReqs {
-				r.err <- r.cmd.Start()
-			}
-		}()
+		go spawnLoop()
 	})
 	r := spawnReq{cmd: cmd, err: make(chan error, 1)}
 	spawnReqs <- r
 	return <-r.err
+}
+
+// spawnLoop starts the commands sent to spawnReqs, for good. It is the one
+// goroutine redisproc leaves running (goleak users ignore it by name).
+func spawnLoop() {
+	runtime.LockOSThread() // never unlocked: the thread lives on
+	for r := range spawnReqs {
+		r.err <- r.cmd.Start()
+	}
 }
 
 // waitExit waits until the process has exited without reaping it
