@@ -62,6 +62,28 @@ func gone(pid int) bool {
 	return true
 }
 
+// TestMarketStoppedBySignal: SIGHUP (the terminal went away) and SIGTERM
+// stop dlock market in order: it exits 130, its private server is gone and
+// so is the server's directory.
+func TestMarketStoppedBySignal(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			tmp := t.TempDir()
+			p, serverPID, dir := marketPrivate(t, tmp)
+			p.signal(sig)
+			if code := p.exit(); code != exitInterrupted {
+				t.Errorf("exit %d, want %d; stderr: %s", code, exitInterrupted, p.stderr)
+			}
+			if running(serverPID) {
+				t.Errorf("private server (pid %d) runs after dlock exited", serverPID)
+			}
+			if _, err := os.Stat(dir); err == nil {
+				t.Errorf("%s left behind", dir)
+			}
+		})
+	}
+}
+
 // TestMarketKilled: a dlock market killed with SIGKILL takes its private
 // server with it (Pdeathsig) but cannot remove the server's directory; the
 // next dlock market does.
