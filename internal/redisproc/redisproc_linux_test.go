@@ -80,7 +80,7 @@ func TestKillKillsForkedChildren(t *testing.T) {
 	t.Parallel()
 	s := start(t, Config{Args: []string{"--enable-debug-command", "yes"}})
 	rdb := client(t, s.Addr())
-	ctx := testCtx(t)
+	ctx := t.Context()
 	for _, cmd := range [][]any{
 		{"DEBUG", "POPULATE", 100},
 		{"CONFIG", "SET", "rdb-key-save-delay", 1000000}, // a second per key
@@ -260,7 +260,7 @@ func TestDiesWithItsStarter(t *testing.T) {
 		t.Fatalf("the killed starter's directory: %v; it should be there until the next Start", err)
 	}
 
-	s, err := Start(testCtx(t), Config{TempPrefix: prefix})
+	s, err := Start(t.Context(), Config{TempPrefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,19 +18,13 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // start starts a server in a t.TempDir, closed when the test ends.
 func start(t *testing.T, cfg Config) *Server {
 	t.Helper()
 	if cfg.Dir == "" {
 		cfg.Dir = t.TempDir()
 	}
-	s, err := Start(testCtx(t), cfg)
+	s, err := Start(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +135,7 @@ func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 // makes.
 func TestStartKillRestartClose(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
-	s, err := Start(testCtx(t), Config{TempPrefix: "redisproc-test-"})
+	s, err := Start(t.Context(), Config{TempPrefix: "redisproc-test-"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +151,7 @@ func TestStartKillRestartClose(t *testing.T) {
 		t.Errorf("Version() = %q", s.Version())
 	}
 	rdb := client(t, s.Addr())
-	if err := rdb.Set(testCtx(t), "k", "v", 0).Err(); err != nil {
+	if err := rdb.Set(t.Context(), "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -169,13 +163,13 @@ func TestStartKillRestartClose(t *testing.T) {
 	if err := s.Pause(); err == nil {
 		t.Error("Pause of a killed server succeeded")
 	}
-	if err := s.Restart(testCtx(t)); err != nil {
+	if err := s.Restart(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if s.Port() != port || s.PID() == pid || answeringPID(t, s.Addr()) != s.PID() {
 		t.Fatalf("after Restart: port %d (was %d), pid %d (was %d)", s.Port(), port, s.PID(), pid)
 	}
-	if err := rdb.Get(testCtx(t), "k").Err(); !errors.Is(err, redis.Nil) {
+	if err := rdb.Get(t.Context(), "k").Err(); !errors.Is(err, redis.Nil) {
 		t.Fatalf("GET k after a restart without persistence: %v, want redis.Nil", err)
 	}
 
@@ -192,7 +186,7 @@ func TestStartKillRestartClose(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	if err := s.Restart(testCtx(t)); err == nil {
+	if err := s.Restart(t.Context()); err == nil {
 		t.Error("Restart after Close succeeded")
 	}
 }
@@ -227,7 +221,7 @@ func TestStrangerIsNeverTakenForOurs(t *testing.T) {
 	st := startStranger(t)
 	calls := handOut(t, nil, func() (int, error) { return st.port, nil })
 
-	_, err := Start(testCtx(t), Config{Dir: t.TempDir(), Args: []string{"--port", "0"}, Timeout: 10 * time.Second})
+	_, err := Start(t.Context(), Config{Dir: t.TempDir(), Args: []string{"--port", "0"}, Timeout: 10 * time.Second})
 	if err == nil || !strings.Contains(err.Error(), "another process") {
 		t.Fatalf("Start with a stranger on every port: %v, want an error naming another process", err)
 	}
@@ -248,7 +242,7 @@ func TestRestartRefusesStrangerOnItsPort(t *testing.T) {
 	s.Kill()
 	st := startStrangerOn(t, s.Port())
 
-	err := s.Restart(testCtx(t))
+	err := s.Restart(t.Context())
 	if err == nil || !strings.Contains(err.Error(), "another process") {
 		t.Fatalf("Restart with a stranger on the port: %v, want an error naming another process", err)
 	}
@@ -259,7 +253,7 @@ func TestRestartRefusesStrangerOnItsPort(t *testing.T) {
 
 	_ = syscall.Kill(st.pid, syscall.SIGKILL)
 	waitPortFree(s.Port(), 5*time.Second)
-	if err := s.Restart(testCtx(t)); err != nil {
+	if err := s.Restart(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if got := answeringPID(t, s.Addr()); got != s.PID() {
@@ -273,7 +267,7 @@ func TestBadConfigFailsWithLog(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	calls := handOut(t, nil, reservePort)
-	_, err := Start(testCtx(t), Config{Args: []string{"--no-such-directive", "1"}})
+	_, err := Start(t.Context(), Config{Args: []string{"--no-such-directive", "1"}})
 	if err == nil || !strings.Contains(err.Error(), "Bad directive") || !strings.Contains(err.Error(), "no-such-directive") {
 		t.Fatalf("Start with a bad directive: %v, want an error quoting redis-server's complaint", err)
 	}
@@ -284,7 +278,7 @@ func TestBadConfigFailsWithLog(t *testing.T) {
 		t.Errorf("left in TMPDIR: %v", left)
 	}
 
-	_, err = Start(testCtx(t), Config{Bin: filepath.Join(tmp, "no-redis-server"), Dir: t.TempDir()})
+	_, err = Start(t.Context(), Config{Bin: filepath.Join(tmp, "no-redis-server"), Dir: t.TempDir()})
 	if !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Start with a missing binary: %v, want fs.ErrNotExist", err)
 	}
@@ -302,16 +296,16 @@ func TestReadyWaitsForLoading(t *testing.T) {
 		"--loading-process-events-interval-bytes", "1024", // answer (LOADING) while loading
 	}})
 	rdb := client(t, s.Addr())
-	if err := rdb.Do(testCtx(t), "DEBUG", "POPULATE", keys).Err(); err != nil {
+	if err := rdb.Do(t.Context(), "DEBUG", "POPULATE", keys).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.Save(testCtx(t)).Err(); err != nil {
+	if err := rdb.Save(t.Context()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Restart(testCtx(t)); err != nil {
+	if err := s.Restart(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := rdb.DBSize(testCtx(t)).Result(); err != nil || n != keys {
+	if n, err := rdb.DBSize(t.Context()).Result(); err != nil || n != keys {
 		t.Fatalf("DBSIZE right after Restart: %d, %v; want %d", n, err, keys)
 	}
 	if !strings.Contains(s.Log(), "Done loading RDB") {
