@@ -12,6 +12,6 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(childRoleEnv); role != "" {
 		os.Exit(runChild(role))
 	}
-	// redistest keeps one OS thread for starting servers (so they die with it).
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/dlock-go/dlock/internal/redistest.spawn.func1.1"))
+	// redisproc keeps one OS thread for starting servers (so they die with it).
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/dlock-go/dlock/internal/redisproc.spawnLoop"))
 }

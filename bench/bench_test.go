@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dlock-go/dlock/internal/redisproc"
 )
 
 // The testing.B side of the bench, for benchstat:
@@ -39,11 +41,11 @@ var (
 func TestMain(m *testing.M) {
 	flag.Parse()
 	url := *testRedis
-	var srv *server
+	var srv *redisproc.Server
 	if url == "" {
 		srv, testEnvErr = startServer("redis-server")
 		if testEnvErr == nil {
-			url = "redis://" + srv.addr
+			url = "redis://" + srv.Addr()
 		}
 	}
 	if testEnvErr == nil {
@@ -56,7 +58,9 @@ func TestMain(m *testing.M) {
 	if testEnv != nil {
 		_ = testEnv.rdb.Close()
 	}
-	srv.stop()
+	if srv != nil {
+		_ = srv.Close()
+	}
 	os.Exit(code)
 }
 

@@ -154,16 +154,16 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		defer srv.stop()
-		url = "redis://" + srv.addr
+		defer srv.Close()
+		url = "redis://" + srv.Addr()
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 		go func() {
 			<-sig
-			srv.stop()
+			_ = srv.Close()
 			os.Exit(130)
 		}()
-		logf("redis-server %s started on %s", o.redisServer, srv.addr)
+		logf("%s %s started on %s (pid %d)", o.redisServer, srv.Version(), srv.Addr(), srv.PID())
 	}
 	e, err := newEnv(url, o.poolSize, o.ttl, o.retry)
 	if err != nil {

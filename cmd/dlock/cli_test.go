@@ -112,9 +112,16 @@ type dlockProc struct {
 // DLOCK_REDIS_URL. The process is stopped when the test ends.
 func startDlock(t *testing.T, addr string, args ...string) *dlockProc {
 	t.Helper()
+	return startDlockEnv(t, []string{"DLOCK_REDIS_URL=redis://" + addr, "REDIS_URL="}, args...)
+}
+
+// startDlockEnv starts dlock with args and env added to the environment.
+// The process is stopped when the test ends.
+func startDlockEnv(t *testing.T, env []string, args ...string) *dlockProc {
+	t.Helper()
 	p := &dlockProc{t: t, args: args, stdout: newLineWriter(), stderr: newLineWriter(), done: make(chan struct{})}
 	p.cmd = exec.Command(dlockBinary(t), args...)
-	p.cmd.Env = append(os.Environ(), "DLOCK_REDIS_URL=redis://"+addr, "REDIS_URL=")
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	// A grandchild that outlives dlock may hold the output pipes open.
 	p.cmd.WaitDelay = 5 * time.Second

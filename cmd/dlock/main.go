@@ -12,7 +12,7 @@
 //	1   the command ran and failed (for market: a conservation check failed)
 //	64  usage error (EX_USAGE): bad flags or arguments, one line on stderr
 //	69  service unavailable (EX_UNAVAILABLE): Redis cannot be reached or started
-//	130 interrupted (SIGINT or SIGTERM)
+//	130 interrupted (SIGINT, SIGTERM or SIGHUP)
 package main
 
 import (
@@ -42,7 +42,7 @@ type command struct {
 	name    string
 	summary string // one line for "dlock help"
 	// run executes the command with the arguments after its name and
-	// returns the exit code. ctx ends on SIGINT or SIGTERM.
+	// returns the exit code. ctx ends on SIGINT, SIGTERM or SIGHUP.
 	run func(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
@@ -58,7 +58,10 @@ func register(c command) {
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too (the terminal went away): by default it would end dlock
+	// without its deferred clean-up, leaving e.g. market's private server's
+	// directory behind.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	// After the first signal, restore the default handling so that a
 	// second one kills the process at once.
 	go func() { <-ctx.Done(); stop() }()

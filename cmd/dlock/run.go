@@ -45,8 +45,8 @@ const (
 	// runReleaseTimeout bounds the release at exit; a lock that cannot be
 	// released in time expires at its TTL.
 	runReleaseTimeout = 5 * time.Second
-	// runSignalSettle is how long to wait for our own copy of a SIGINT or
-	// SIGTERM that main's handler saw first, to report the right code.
+	// runSignalSettle is how long to wait for our own copy of a signal
+	// that main's handler saw first, to report the right code.
 	runSignalSettle = 100 * time.Millisecond
 )
 
@@ -277,7 +277,7 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, m *dlock.Mutex, f
 	close(stop)
 	<-watched
 	if sig == nil && ctx.Err() != nil {
-		// main's handler saw a SIGINT or SIGTERM first; ours has it too.
+		// main's handler saw the signal first; ours has it too.
 		select {
 		case sig = <-sigs:
 		case <-time.After(runSignalSettle):

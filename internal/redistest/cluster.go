@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/internal/redisproc"
 )
 
 // clusterReadyTimeout bounds how long Cluster waits for every node to agree
@@ -57,9 +59,9 @@ func waitClusterOK(ctx context.Context, rdb *redis.Client, n int) error {
 		info, err := rdb.ClusterInfo(ctx).Result()
 		if err == nil {
 			last = info
-			if infoField(info, "cluster_state") == "ok" &&
-				infoField(info, "cluster_known_nodes") == strconv.Itoa(n) &&
-				infoField(info, "cluster_slots_ok") == "16384" {
+			if redisproc.InfoField(info, "cluster_state") == "ok" &&
+				redisproc.InfoField(info, "cluster_known_nodes") == strconv.Itoa(n) &&
+				redisproc.InfoField(info, "cluster_slots_ok") == "16384" {
 				return nil
 			}
 		}

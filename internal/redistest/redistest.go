@@ -1,9 +1,13 @@
-// Package redistest starts real redis-server processes for tests.
+// Package redistest starts real redis-server processes for tests, and
+// puts them together in the topologies dlock's tests need: single servers,
+// independent masters, a primary with a replica and sentinels, a cluster.
 //
-// Every server listens on loopback (127.0.0.1) only, keeps its data in a
-// t.TempDir() directory, and is killed (SIGCONT, then SIGKILL to its process
-// group) and reaped by t.Cleanup when the test that started it ends, even if
-// the test left it stopped with Pause. No mocks and no Docker: the tests that
+// Every server is started by internal/redisproc: it listens on loopback
+// (127.0.0.1) only, is verified to be the process we started, keeps its
+// data in a t.TempDir() directory, and is killed (SIGCONT, then SIGKILL to
+// its process group) and reaped by t.Cleanup when the test that started it
+// ends, even if the test left it stopped with Pause; if the test binary
+// dies first, the kernel kills it. No mocks and no Docker: the tests that
 // use this package exercise the same redis-server binary users run, so faults
 // such as a paused server, a crash without persistence or the loss of the
 // un-fsynced AOF tail are the real thing.
@@ -19,41 +23,21 @@
 package redistest
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-)
 
-const (
-	// readyTimeout bounds how long a (re)started server may take to answer
-	// PING and finish loading its data.
-	readyTimeout = 10 * time.Second
-	// restartPortTimeout bounds how long Restart waits for its port to be
-	// free again.
-	restartPortTimeout = 10 * time.Second
-	// killPortTimeout bounds how long Kill waits for the port to be free.
-	killPortTimeout = 5 * time.Second
-	// startAttempts bounds how many random ports Start tries.
-	startAttempts = 30
-	// probeDialTimeout is the dial timeout of one readiness probe.
-	probeDialTimeout = 200 * time.Millisecond
+	"github.com/dlock-go/dlock/internal/redisproc"
 )
 
 // Options for Start.
@@ -71,50 +55,11 @@ type Options struct {
 	Sentinel bool
 }
 
-// Server is one redis-server process on 127.0.0.1. Its port and data
-// directory stay the same across Kill and Restart. All methods are safe for
-// concurrent use.
+// Server is one redis-server process on 127.0.0.1, started by
+// internal/redisproc. Its port and data directory stay the same across
+// Kill and Restart. All methods are safe for concurrent use.
 type Server struct {
-	bin       string
-	opts      Options
-	base      string // root temp dir: holds dir, the log and the stdio file
-	dir       string // data dir (--dir)
-	logPath   string // --logfile
-	stdioPath string // redis-server's stdout and stderr (config errors)
-
-	mu   sync.Mutex
-	port int   // fixed once the first start succeeds
-	proc *proc // the running process, nil when killed
-}
-
-// proc is one redis-server process and its reaper.
-type proc struct {
-	cmd  *exec.Cmd
-	pid  int
-	done chan struct{} // closed once the process has been reaped
-	err  error         // cmd.Wait's result, valid after done is closed
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// kill sends SIGCONT and SIGKILL to the process group (redis forks children
-// for AOF rewrites) and waits until the leader has been reaped.
-func (p *proc) kill() {
-	if !p.exited() {
-		// While the leader is not reaped its pid cannot be reused, so the
-		// group id is still ours.
-		_ = syscall.Kill(-p.pid, syscall.SIGCONT)
-		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	}
-	<-p.done
+	p *redisproc.Server
 }
 
 // Start starts one redis-server on a free loopback port and waits until it
@@ -122,40 +67,45 @@ func (p *proc) kill() {
 // not installed, Start fails the test with instructions; it never skips.
 func Start(t testing.TB, opts ...Options) *Server {
 	t.Helper()
-	s := newServer(t, opts)
-	if err := s.startFresh(); err != nil {
-		t.Fatalf("redistest: %v", err)
-	}
-	return s
+	return Masters(t, 1, opts...)[0]
 }
 
 // Masters starts n independent servers in parallel (for quorum tests), each
 // with the same options.
 func Masters(t testing.TB, n int, opts ...Options) []*Server {
 	t.Helper()
+	cfg := config(t, opts)
 	servers := make([]*Server, n)
-	for i := range servers {
-		servers[i] = newServer(t, opts)
-	}
 	errs := make([]error, n)
 	var wg sync.WaitGroup
-	for i, s := range servers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = s.startFresh()
-		}()
+	for i := range servers {
+		c := cfg
+		c.Dir = t.TempDir()
+		wg.Go(func() {
+			p, err := redisproc.Start(context.Background(), c)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			servers[i] = &Server{p: p}
+		})
 	}
 	wg.Wait()
+	for _, s := range servers {
+		if s != nil {
+			// Registered after t.TempDir, so it runs before the directory
+			// is removed.
+			t.Cleanup(func() { _ = s.p.Close() })
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("redistest: Masters(%d): %v", n, err)
+		t.Fatalf("redistest: %v", err)
 	}
 	return servers
 }
 
-// newServer validates the options, creates the directories and registers the
-// cleanup. It does not start a process.
-func newServer(t testing.TB, opts []Options) *Server {
+// config validates the options and turns them into redisproc's.
+func config(t testing.TB, opts []Options) redisproc.Config {
 	t.Helper()
 	var o Options
 	switch len(opts) {
@@ -165,38 +115,27 @@ func newServer(t testing.TB, opts []Options) *Server {
 	default:
 		t.Fatalf("redistest: at most one Options value may be given, got %d", len(opts))
 	}
-	switch o.AppendFsync {
+	fsync := o.AppendFsync
+	switch fsync {
 	case "", "always", "everysec", "no":
 	default:
-		t.Fatalf("redistest: AppendFsync must be \"always\", \"everysec\" or \"no\", got %q", o.AppendFsync)
+		t.Fatalf("redistest: AppendFsync must be \"always\", \"everysec\" or \"no\", got %q", fsync)
 	}
-	o.Args = append([]string(nil), o.Args...)
-
 	bin, err := findRedisServer()
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
-	base := t.TempDir()
-	s := &Server{
-		bin:       bin,
-		opts:      o,
-		base:      base,
-		dir:       filepath.Join(base, "data"),
-		logPath:   filepath.Join(base, "redis.log"),
-		stdioPath: filepath.Join(base, "stdio.log"),
-	}
-	if err := os.Mkdir(s.dir, 0o755); err != nil {
-		t.Fatalf("redistest: %v", err)
-	}
-	if o.Sentinel {
-		if err := os.WriteFile(filepath.Join(s.dir, "sentinel.conf"), nil, 0o644); err != nil {
-			t.Fatalf("redistest: %v", err)
+	args := []string{"--protected-mode", "no", "--enable-debug-command", "yes"}
+	if o.AOF {
+		if fsync == "" {
+			fsync = "everysec"
 		}
+		args = append(args, "--appendonly", "yes")
 	}
-	// Registered after t.TempDir, so it runs before the directory is
-	// removed.
-	t.Cleanup(s.stop)
-	return s
+	if fsync != "" {
+		args = append(args, "--appendfsync", fsync)
+	}
+	return redisproc.Config{Bin: bin, Args: append(args, o.Args...), Sentinel: o.Sentinel}
 }
 
 // findRedisServer returns the redis-server binary to run.
@@ -220,221 +159,18 @@ func findRedisServer() (string, error) {
 		"or point REDISTEST_REDIS_SERVER at the binary")
 }
 
-// stop is the cleanup: kill the process and give the port back.
-func (s *Server) stop() {
-	s.Kill()
-	s.mu.Lock()
-	port := s.port
-	s.mu.Unlock()
-	if port != 0 {
-		releasePort(port)
-	}
-}
-
-// startFresh starts the first process, trying random ports until one binds.
-func (s *Server) startFresh() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var lastErr error
-	for range startAttempts {
-		port, err := reservePort()
-		if err != nil {
-			return err
-		}
-		p, busy, err := s.launch(port)
-		if busy {
-			// Leave the port marked as taken: someone else holds it.
-			lastErr = err
-			continue
-		}
-		if err != nil {
-			releasePort(port)
-			return err
-		}
-		s.port, s.proc = port, p
-		return nil
-	}
-	return fmt.Errorf("no free port after %d attempts; last error: %v", startAttempts, lastErr)
-}
-
-// args returns redis-server's command line for port.
-func (s *Server) args(port int) []string {
-	var a []string
-	if s.opts.Sentinel {
-		a = append(a, filepath.Join(s.dir, "sentinel.conf"), "--sentinel")
-	}
-	a = append(a,
-		"--port", strconv.Itoa(port),
-		"--bind", "127.0.0.1",
-		"--save", "",
-		"--dir", s.dir,
-		"--logfile", s.logPath,
-		"--daemonize", "no",
-		"--protected-mode", "no",
-		"--enable-debug-command", "yes",
-	)
-	fsync := s.opts.AppendFsync
-	if s.opts.AOF {
-		if fsync == "" {
-			fsync = "everysec"
-		}
-		a = append(a, "--appendonly", "yes")
-	}
-	if fsync != "" {
-		a = append(a, "--appendfsync", fsync)
-	}
-	return append(a, s.opts.Args...)
-}
-
-// launch starts a process on port and waits until it is ready. busy reports
-// that the port was taken by someone else (the caller may retry); the process
-// is then gone. On any error no process is left running.
-func (s *Server) launch(port int) (p *proc, busy bool, err error) {
-	logOff := fileSize(s.logPath)
-	stdioOff := fileSize(s.stdioPath)
-
-	stdio, err := os.OpenFile(s.stdioPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, false, err
-	}
-	cmd := exec.Command(s.bin, s.args(port)...)
-	cmd.Dir = s.dir
-	cmd.Stdout, cmd.Stderr = stdio, stdio
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		// Own process group: a Ctrl-C on the test does not reach it, and
-		// kill can signal its forked children too.
-		Setpgid: true,
-		// Die with the test binary even if cleanup never runs (panic,
-		// -timeout). spawn starts it from a thread that never exits.
-		Pdeathsig: syscall.SIGKILL,
-	}
-	err = spawn(cmd)
-	stdio.Close()
-	if err != nil {
-		return nil, false, fmt.Errorf("starting %s: %v", s.bin, err)
-	}
-	p = &proc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	newOutput := func() string {
-		return tail(readFrom(s.logPath, logOff)+readFrom(s.stdioPath, stdioOff), 40)
-	}
-	deadline := time.Now().Add(readyTimeout)
-	backoff := 2 * time.Millisecond
-	var lastErr error
-	for {
-		if p.exited() {
-			out := newOutput()
-			if strings.Contains(out, "Address already in use") {
-				return nil, true, fmt.Errorf("port %d in use", port)
-			}
-			return nil, false, fmt.Errorf("redis-server on %s exited before it was ready (%v); its output:\n%s", addr, p.err, out)
-		}
-		info, err := probe(addr)
-		if err == nil {
-			pid, _ := strconv.Atoi(infoField(info, "process_id"))
-			switch {
-			case pid != p.pid:
-				// Another process (another test binary) owns the port; ours
-				// will fail to bind, if it has not already.
-				p.kill()
-				return nil, true, fmt.Errorf("port %d answered by pid %d, not ours (%d)", port, pid, p.pid)
-			case infoField(info, "loading") == "0" || infoField(info, "redis_mode") == "sentinel":
-				return p, false, nil
-			default:
-				err = errors.New("still loading")
-			}
-		}
-		lastErr = err
-		if time.Now().After(deadline) {
-			p.kill()
-			return nil, false, fmt.Errorf("redis-server on %s not ready after %v (last probe: %v); its output:\n%s", addr, readyTimeout, lastErr, newOutput())
-		}
-		select {
-		case <-p.done:
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 50*time.Millisecond)
-	}
-}
-
-// probe sends PING and INFO on a fresh connection and returns INFO's text.
-// It fails unless PING answers PONG (during loading it answers LOADING).
-func probe(addr string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, probeDialTimeout)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	if err := c.SetDeadline(time.Now().Add(2 * time.Second)); err != nil {
-		return "", err
-	}
-	if _, err := io.WriteString(c, "*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nINFO\r\n"); err != nil {
-		return "", err
-	}
-	r := bufio.NewReader(c)
-	line, err := r.ReadString('\n')
-	if err != nil {
-		return "", err
-	}
-	if line = strings.TrimRight(line, "\r\n"); line != "+PONG" {
-		return "", fmt.Errorf("PING: %s", line)
-	}
-	line, err = r.ReadString('\n')
-	if err != nil {
-		return "", err
-	}
-	line = strings.TrimRight(line, "\r\n")
-	n, err := strconv.Atoi(strings.TrimPrefix(line, "$"))
-	if !strings.HasPrefix(line, "$") || err != nil || n < 0 {
-		return "", fmt.Errorf("INFO: %s", line)
-	}
-	buf := make([]byte, n)
-	if _, err := io.ReadFull(r, buf); err != nil {
-		return "", err
-	}
-	return string(buf), nil
-}
-
-// infoField returns the value of "name:value" in INFO output.
-func infoField(info, name string) string {
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			return v
-		}
-	}
-	return ""
-}
-
 // Addr returns "127.0.0.1:PORT".
-func (s *Server) Addr() string {
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port()))
-}
+func (s *Server) Addr() string { return s.p.Addr() }
 
 // Port returns the TCP port; it stays the same across Restart.
-func (s *Server) Port() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.port
-}
+func (s *Server) Port() int { return s.p.Port() }
 
 // Dir returns the server's data directory (--dir; the AOF directory lives
 // inside it). The log file is kept outside it, so RestoreDir keeps the log.
-func (s *Server) Dir() string { return s.dir }
+func (s *Server) Dir() string { return s.p.Dir() }
 
 // PID returns the pid of the current process, or 0 after Kill.
-func (s *Server) PID() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc == nil {
-		return 0
-	}
-	return s.proc.pid
-}
+func (s *Server) PID() int { return s.p.PID() }
 
 // Client returns a new go-redis client for the server, closed when the test
 // ends. Each opts function may change the options before the client is made
@@ -451,40 +187,18 @@ func (s *Server) Client(t testing.TB, opts ...func(*redis.Options)) *redis.Clien
 	return c
 }
 
-// Kill sends SIGKILL (after SIGCONT, in case it is paused) and returns once
-// the process has been reaped and the port accepts a new listener. Nothing
-// is flushed: what was not yet written to the AOF is lost. Kill on a killed
-// server does nothing.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killLocked()
-}
-
-func (s *Server) killLocked() {
-	p := s.proc
-	if p == nil {
-		return
-	}
-	s.proc = nil
-	p.kill()
-	waitPortFree(s.port, killPortTimeout)
-}
+// Kill sends SIGKILL (after SIGCONT, in case it is paused) to the process
+// group and returns once the process has been reaped and the port accepts a
+// new listener. Nothing is flushed: what was not yet written to the AOF is
+// lost. Kill on a killed server does nothing.
+func (s *Server) Kill() { s.p.Kill() }
 
 // Pause stops the process with SIGSTOP: connections stay open, nothing is
-// answered until Resume.
-func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+// answered until Resume. On a killed server it does nothing.
+func (s *Server) Pause() { _ = s.p.Pause() }
 
 // Resume continues a paused process with SIGCONT.
-func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
-
-func (s *Server) signal(sig syscall.Signal) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc != nil && !s.proc.exited() {
-		_ = s.proc.cmd.Process.Signal(sig)
-	}
-}
+func (s *Server) Resume() { _ = s.p.Resume() }
 
 // Restart starts the server again on the same port and directory with the
 // same options (killing it first if it is running) and waits until it
@@ -492,20 +206,8 @@ func (s *Server) signal(sig syscall.Signal) {
 // briefly taken, it retries for a bounded time.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killLocked()
-	deadline := time.Now().Add(restartPortTimeout)
-	for {
-		p, busy, err := s.launch(s.port)
-		if err == nil {
-			s.proc = p
-			return
-		}
-		if !busy || time.Now().After(deadline) {
-			t.Fatalf("redistest: restart on port %d: %v", s.port, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := s.p.Restart(context.Background()); err != nil {
+		t.Fatalf("redistest: %v", err)
 	}
 }
 
@@ -516,8 +218,8 @@ func (s *Server) Restart(t testing.TB) {
 func (s *Server) SnapshotDir(t testing.TB) string {
 	t.Helper()
 	snap := t.TempDir()
-	if err := copyDir(s.dir, snap); err != nil {
-		t.Fatalf("redistest: snapshot of %s: %v", s.dir, err)
+	if err := copyDir(s.Dir(), snap); err != nil {
+		t.Fatalf("redistest: snapshot of %s: %v", s.Dir(), err)
 	}
 	return snap
 }
@@ -527,19 +229,18 @@ func (s *Server) SnapshotDir(t testing.TB) string {
 // server must be killed; Restart it afterwards.
 func (s *Server) RestoreDir(t testing.TB, snap string) {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc != nil {
-		t.Fatalf("redistest: RestoreDir on a running server (pid %d); call Kill first", s.proc.pid)
+	if pid := s.PID(); pid != 0 {
+		t.Fatalf("redistest: RestoreDir on a running server (pid %d); call Kill first", pid)
 	}
-	if err := os.RemoveAll(s.dir); err != nil {
+	dir := s.Dir()
+	if err := os.RemoveAll(dir); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
-	if err := os.Mkdir(s.dir, 0o755); err != nil {
+	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
-	if err := copyDir(snap, s.dir); err != nil {
-		t.Fatalf("redistest: restore %s from %s: %v", s.dir, snap, err)
+	if err := copyDir(snap, dir); err != nil {
+		t.Fatalf("redistest: restore %s from %s: %v", dir, snap, err)
 	}
 }
 
@@ -573,148 +274,7 @@ func (s *Server) Do(t testing.TB, args ...any) any {
 // Log returns the contents of the server's log file (all runs, Restart
 // appends), followed by anything it wrote to stdout or stderr, for failure
 // messages.
-func (s *Server) Log() string {
-	out := readFrom(s.logPath, 0)
-	if stdio := readFrom(s.stdioPath, 0); stdio != "" {
-		out += "--- stdout/stderr ---\n" + stdio
-	}
-	return out
-}
-
-// spawn starts cmd from one OS thread that never exits, so Pdeathsig fires
-// only when the test binary dies (it is tied to the thread that forked).
-var (
-	spawnOnce sync.Once
-	spawnCh   chan spawnReq
-)
-
-type spawnReq struct {
-	cmd *exec.Cmd
-	err chan error
-}
-
-func spawn(cmd *exec.Cmd) error {
-	spawnOnce.Do(func() {
-		spawnCh = make(chan spawnReq)
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread lives on
-			for r := range spawnCh {
-				r.err <- r.cmd.Start()
-			}
-		}()
-	})
-	r := spawnReq{cmd: cmd, err: make(chan error, 1)}
-	spawnCh <- r
-	return <-r.err
-}
-
-// Ports: random, below the kernel's ephemeral range when possible so a
-// client's outgoing connection never holds a server port (nor self-connects
-// to it while the server is down), and never two live servers of this
-// process on one port. Other processes are handled by the retry loop.
-var (
-	portsMu    sync.Mutex
-	portsTaken = map[int]bool{}
-	portLo     int
-	portHi     int
-	portsOnce  sync.Once
-)
-
-func portRange() (lo, hi int) {
-	portsOnce.Do(func() {
-		portLo, portHi = 20000, 60000
-		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-		if err != nil {
-			return
-		}
-		f := strings.Fields(string(b))
-		if len(f) != 2 {
-			return
-		}
-		elo, err1 := strconv.Atoi(f[0])
-		ehi, err2 := strconv.Atoi(f[1])
-		if err1 != nil || err2 != nil {
-			return
-		}
-		switch {
-		case elo-1-portLo >= 2000:
-			portHi = min(portHi, elo-1)
-		case portHi-(ehi+1) >= 2000:
-			portLo = max(portLo, ehi+1)
-		}
-	})
-	return portLo, portHi
-}
-
-// reservePort picks a random port that no live server of this process uses
-// and that accepts a listener right now.
-func reservePort() (int, error) {
-	lo, hi := portRange()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for range 1000 {
-		port := lo + rand.IntN(hi-lo+1)
-		if portsTaken[port] {
-			continue
-		}
-		portsTaken[port] = true
-		if !portFree(port) {
-			continue // leave it marked: someone holds it
-		}
-		return port, nil
-	}
-	return 0, fmt.Errorf("no free port in %d-%d", lo, hi)
-}
-
-func releasePort(port int) {
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	delete(portsTaken, port)
-}
-
-// portFree reports whether 127.0.0.1:port accepts a listener (with
-// SO_REUSEADDR, as redis uses).
-func portFree(port int) bool {
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-	if err != nil {
-		return false
-	}
-	_ = l.Close()
-	return true
-}
-
-func waitPortFree(port int, timeout time.Duration) {
-	deadline := time.Now().Add(timeout)
-	for !portFree(port) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func fileSize(path string) int64 {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return 0
-	}
-	return fi.Size()
-}
-
-// readFrom returns the file's contents from offset on ("" if missing).
-func readFrom(path string, off int64) string {
-	b, err := os.ReadFile(path)
-	if err != nil || off > int64(len(b)) {
-		return ""
-	}
-	return string(b[off:])
-}
-
-// tail returns the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (s *Server) Log() string { return s.p.Log() }
 
 // copyDir copies the regular files and directories under src into dst,
 // which must exist.

@@ -283,6 +283,15 @@ func portFreeSoon(port int) bool {
 	return true
 }
 
+func portFree(port int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
+}
+
 func alive(pid int) bool {
 	return syscall.Kill(pid, 0) == nil
 }

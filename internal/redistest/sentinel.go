@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/internal/redisproc"
 )
 
 // SentinelMaster is the name the sentinels of Replicated monitor.
@@ -34,7 +36,7 @@ func StartReplicated(t testing.TB) *Replicated {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	waitFor(t, ctx, "the replica to sync", func() bool {
-		return infoField(r.Replica.info(ctx), "master_link_status") == "up"
+		return redisproc.InfoField(r.Replica.info(ctx), "master_link_status") == "up"
 	})
 	for _, s := range r.Sentinels {
 		c := s.client()
@@ -86,7 +88,7 @@ func (r *Replicated) Failover(t testing.TB) {
 		_ = c.Close()
 	}
 	waitFor(t, ctx, "the promoted replica to be a primary", func() bool {
-		return infoField(r.Replica.info(ctx), "role") == "master"
+		return redisproc.InfoField(r.Replica.info(ctx), "role") == "master"
 	})
 	r.Primary, r.Replica = r.Replica, r.Primary
 }
