@@ -11,11 +11,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// addr is the Redis server the examples use: in your code, yours (for
+// example "127.0.0.1:6379"); under go test, a private redis-server that
+// TestMain starts.
+var addr = "127.0.0.1:6379"
+
 // The 30-second tour: one lock around a critical section, with the fence
 // passed to storage so that a holder that lost its lease cannot overwrite a
 // newer one.
 func Example() {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
 	locks := dlock.New(rdb)
 	defer locks.Close()
 
@@ -31,51 +37,83 @@ func Example() {
 	if err := saveInvoice(lease.Context(), lease.Fence()); err != nil {
 		log.Fatal(err)
 	}
+	fmt.Println("saved under", lease.Name())
+	// Output: saved under invoice:42
 }
 
 func ExampleMutex_Lock() {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
 	locks := dlock.New(rdb)
 	defer locks.Close()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	lease, err := locks.Mutex("report:daily", dlock.TTL(15*time.Second)).Lock(ctx)
+	report := locks.Mutex("report:daily", dlock.TTL(15*time.Second))
+	first, err := report.Lock(ctx)
 	if err != nil {
 		log.Fatal(err) // errors.Is(err, context.DeadlineExceeded) after 30s of waiting
 	}
-	defer lease.Unlock(context.Background())
 
-	// Storage that remembers the highest fence it has seen rejects stale writers.
-	fmt.Println("writing with fence", lease.Fence())
-	select {
-	case <-lease.Context().Done():
-		log.Println("lost the lock:", context.Cause(lease.Context()))
-	default:
-	}
+	// A second Lock waits until the first is unlocked, then gets a larger fence.
+	next := make(chan *dlock.Lease)
+	go func() {
+		l, err := report.Lock(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		next <- l
+	}()
+	time.Sleep(10 * time.Millisecond)
+	_ = first.Unlock(ctx)
+	second := <-next
+	defer second.Unlock(context.Background())
+	fmt.Println("fence increased:", second.Fence() > first.Fence())
+	// Output: fence increased: true
 }
 
 func ExampleMutex_TryLock() {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
 	locks := dlock.New(rdb)
 	defer locks.Close()
 
 	ctx := context.Background()
-	lease, err := locks.Mutex("cron:cleanup").TryLock(ctx)
-	if errors.Is(err, dlock.ErrNotObtained) {
-		return // another instance runs it
-	}
+	cleanup := locks.Mutex("cron:cleanup")
+	lease, err := cleanup.TryLock(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer lease.Unlock(ctx)
-	// ... the job ...
+
+	// Another instance of the job finds it taken.
+	_, err = cleanup.TryLock(ctx)
+	fmt.Println(errors.Is(err, dlock.ErrNotObtained))
+	// Output: true
+}
+
+// Do locks, runs the function with the lease's context, and unlocks.
+func ExampleMutex_Do() {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	locks := dlock.New(rdb)
+	defer locks.Close()
+
+	err := locks.Mutex("ledger").Do(context.Background(), func(ctx context.Context) error {
+		fmt.Println("in the critical section")
+		return nil
+	})
+	fmt.Println(err)
+	// Output:
+	// in the critical section
+	// <nil>
 }
 
 // Reentrancy follows the context: a Lock whose ctx comes from a lease of
 // the same lock re-enters it instead of waiting for itself.
 func ExampleLease_Context() {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
 	locks := dlock.New(rdb)
 	defer locks.Close()
 
@@ -93,6 +131,7 @@ func ExampleLease_Context() {
 	}
 	fmt.Println(inner.Fence() == outer.Fence())
 	_ = inner.Unlock(ctx) // the lock stays held until outer unlocks
+	// Output: true
 }
 
 func saveInvoice(ctx context.Context, fence uint64) error { return ctx.Err() }
@@ -100,7 +139,8 @@ func saveInvoice(ctx context.Context, fence uint64) error { return ctx.Err() }
 // A weighted semaphore: at most 8 GPUs in use across every process; a job
 // that needs 4 is not starved by a stream of jobs that need 1.
 func ExampleSemaphore_Acquire() {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
 	locks := dlock.New(rdb)
 	defer locks.Close()
 
@@ -112,33 +152,45 @@ func ExampleSemaphore_Acquire() {
 	}
 	defer lease.Unlock(ctx)
 	// If this process dies, its 4 permits come back when its lease runs out.
-	train(lease.Context())
+	_, err = gpus.TryAcquire(ctx, 5)
+	fmt.Println("5 more:", err != nil)
+	more, err := gpus.TryAcquire(ctx, 4)
+	fmt.Println("4 more:", err == nil)
+	_ = more.Unlock(ctx)
+	// Output:
+	// 5 more: true
+	// 4 more: true
 }
 
 // Readers share, a writer is alone; once a writer waits, new readers wait
 // behind it.
 func ExampleRWMutex() {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
 	locks := dlock.New(rdb)
 	defer locks.Close()
 
 	ctx := context.Background()
 	catalog := locks.RWMutex("catalog")
-	r, err := catalog.RLock(ctx)
+	r1, err := catalog.RLock(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
-	readCatalog(r.Context())
-	_ = r.Unlock(ctx)
+	r2, err := catalog.TryRLock(ctx)
+	fmt.Println("two readers:", err == nil)
+	_, err = catalog.TryLock(ctx)
+	fmt.Println("writer while reading:", errors.Is(err, dlock.ErrNotObtained))
+	_ = r1.Unlock(ctx)
+	_ = r2.Unlock(ctx)
 
 	w, err := catalog.Lock(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer w.Unlock(ctx)
-	writeCatalog(w.Context(), w.Fence())
+	fmt.Println("writer alone, fence above the readers':", w.Fence() > r2.Fence())
+	// Output:
+	// two readers: true
+	// writer while reading: true
+	// writer alone, fence above the readers': true
 }
-
-func train(context.Context)                {}
-func readCatalog(context.Context)          {}
-func writeCatalog(context.Context, uint64) {}

@@ -1,9 +1,12 @@
 package dlock_test
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"testing"
 
+	"github.com/dlock-go/dlock/internal/redisproc"
 	"go.uber.org/goleak"
 )
 
@@ -12,6 +15,21 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(childRoleEnv); role != "" {
 		os.Exit(runChild(role))
 	}
-	// redisproc keeps one OS thread for starting servers (so they die with it).
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/dlock-go/dlock/internal/redisproc.spawnLoop"))
+	// The examples run against a private server of their own.
+	s, err := redisproc.Start(context.Background(), redisproc.Config{TempPrefix: "dlock-examples-"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting redis-server for the examples:", err)
+		os.Exit(1)
+	}
+	addr = s.Addr()
+	code := m.Run()
+	_ = s.Close()
+	if code == 0 {
+		// redisproc keeps one OS thread for starting servers (so they die with it).
+		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/dlock-go/dlock/internal/redisproc.spawnLoop")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
