@@ -1,0 +1,183 @@
+package faults
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// injected is the error of a LoseReply or FailSend fault: a net.Error that
+// unwraps to what a real one would (an i/o timeout, a refused connection).
+type injected struct {
+	msg     string
+	cause   error
+	timeout bool
+}
+
+func (e *injected) Error() string   { return e.msg }
+func (e *injected) Unwrap() error   { return e.cause }
+func (e *injected) Timeout() bool   { return e.timeout }
+func (e *injected) Temporary() bool { return true }
+
+var (
+	// ErrReplyLost is what a caller gets for a LoseReply fault: a read
+	// timeout, after Redis ran the command.
+	ErrReplyLost error = &net.OpError{Op: "read", Net: "tcp", Err: &injected{
+		msg: "i/o timeout (faults: reply lost)", cause: os.ErrDeadlineExceeded, timeout: true}}
+	// ErrNotSent is what a caller gets for a FailSend fault: the command
+	// never reached Redis.
+	ErrNotSent error = &net.OpError{Op: "write", Net: "tcp", Err: &injected{
+		msg: "connection refused (faults: not sent)", cause: syscall.ECONNREFUSED}}
+)
+
+var _ redis.Hook = (*Injector)(nil)
+
+// DialHook wraps every connection the client makes, so that Cut can close
+// the one a command is written to.
+func (in *Injector) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := next(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &faultConn{Conn: conn, in: in}, nil
+	}
+}
+
+// ProcessHook injects faults into single script calls.
+func (in *Injector) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c, ok := in.scripts.classify(cmd.Args(), Single)
+		if !ok {
+			return next(ctx, cmd)
+		}
+		calls := []Call{c}
+		id := in.enter(calls)
+		defer in.leave(id, 1)
+		kind, d := in.decide(calls, 1)
+		cmds := []redis.Cmder{cmd}
+		return in.apply(kind, d, cmds, cmd, func() error { return next(ctx, cmd) })
+	}
+}
+
+// ProcessPipelineHook injects faults into pipelines and autopipelined
+// batches that hold script calls: a fault applies to the whole batch.
+func (in *Injector) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var calls []Call
+		var first redis.Cmder
+		for _, cmd := range cmds {
+			if c, ok := in.scripts.classify(cmd.Args(), Batch); ok {
+				calls = append(calls, c)
+				if first == nil {
+					first = cmd
+				}
+			}
+		}
+		if len(calls) == 0 {
+			return next(ctx, cmds)
+		}
+		id := in.enter(calls)
+		defer in.leave(id, len(calls))
+		kind, d := in.decide(calls, len(cmds))
+		return in.apply(kind, d, cmds, first, func() error { return next(ctx, cmds) })
+	}
+}
+
+// apply runs send (the rest of the hook chain: writing the commands and
+// reading their replies) with the fault. Delays do not end early with the
+// caller's ctx: a command on the wire does not know its caller gave up.
+func (in *Injector) apply(kind Kind, d time.Duration, cmds []redis.Cmder, sig redis.Cmder, send func() error) error {
+	switch kind {
+	case DelaySend:
+		time.Sleep(d)
+		return send()
+	case DelayReply:
+		err := send()
+		time.Sleep(d)
+		return err
+	case LoseReply:
+		_ = send()
+		time.Sleep(d)
+		setErr(cmds, ErrReplyLost)
+		return ErrReplyLost
+	case FailSend:
+		time.Sleep(d)
+		setErr(cmds, ErrNotSent)
+		return ErrNotSent
+	case Cut:
+		id := in.arm(resp(sig.Args()))
+		err := send()
+		if !in.disarm(id) {
+			in.count("cut-missed", 1)
+		}
+		return err
+	}
+	return send()
+}
+
+func setErr(cmds []redis.Cmder, err error) {
+	for _, c := range cmds {
+		c.SetErr(err)
+	}
+}
+
+// armedCut is a Cut waiting for its command to be written.
+type armedCut struct {
+	sig   []byte // the command's RESP encoding
+	fired bool
+}
+
+func (in *Injector) arm(sig []byte) uint64 {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.seq++
+	in.armed[in.seq] = &armedCut{sig: sig}
+	in.armedN.Add(1)
+	return in.seq
+}
+
+// disarm forgets a Cut and reports whether it fired.
+func (in *Injector) disarm(id uint64) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	a := in.armed[id]
+	delete(in.armed, id)
+	in.armedN.Add(-1)
+	return a != nil && a.fired
+}
+
+// cutFor reports whether a write of b carries an armed Cut's command (and
+// marks that Cut fired).
+func (in *Injector) cutFor(b []byte) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	for _, a := range in.armed {
+		if !a.fired && bytes.Contains(b, a.sig) {
+			a.fired = true
+			return true
+		}
+	}
+	return false
+}
+
+// faultConn is a client connection that an armed Cut closes right after the
+// write that carries its command.
+type faultConn struct {
+	net.Conn
+	in *Injector
+}
+
+func (c *faultConn) Write(b []byte) (int, error) {
+	if c.in.armedN.Load() == 0 || !c.in.cutFor(b) {
+		return c.Conn.Write(b)
+	}
+	n, err := c.Conn.Write(b)
+	_ = c.Conn.Close()
+	return n, err
+}

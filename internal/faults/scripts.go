@@ -1,0 +1,158 @@
+package faults
+
+import (
+	"crypto/sha1"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Scripts names Lua scripts by their SHA1, as EVALSHA sends them.
+type Scripts struct {
+	byHash map[string]scriptName
+}
+
+type scriptName struct {
+	name string
+	ops  bool // the first argument names the operation: calls are "name.OP"
+}
+
+// NewScripts returns an empty table.
+func NewScripts() *Scripts { return &Scripts{byHash: make(map[string]scriptName)} }
+
+// Add names the script whose source is src. With ops, a call's first
+// argument (after the keys) names the operation, and the call is named
+// "name.OP" (sem.lua's "a", "r", "l", "e", "t").
+func (s *Scripts) Add(name, src string, ops bool) {
+	sum := sha1.Sum([]byte(src))
+	s.byHash[hex.EncodeToString(sum[:])] = scriptName{name: name, ops: ops}
+}
+
+// LoadScripts names every dir/*.lua by its file name without ".lua"; the
+// scripts named in ops are multi-operation scripts (see Add).
+func LoadScripts(dir string, ops ...string) (*Scripts, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.lua"))
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("faults: no *.lua in %s", dir)
+	}
+	s := NewScripts()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		name := strings.TrimSuffix(filepath.Base(f), ".lua")
+		s.Add(name, string(b), slices.Contains(ops, name))
+	}
+	return s, nil
+}
+
+// classify names a command, if it is a script call.
+func (s *Scripts) classify(args []any, via Via) (Call, bool) {
+	if len(args) < 3 {
+		return Call{}, false
+	}
+	cmd := strings.ToLower(str(args[0]))
+	var sha string
+	switch cmd {
+	case "evalsha", "evalsha_ro":
+		sha = strings.ToLower(str(args[1]))
+	case "eval", "eval_ro":
+		sum := sha1.Sum([]byte(str(args[1])))
+		sha = hex.EncodeToString(sum[:])
+	default:
+		return Call{}, false
+	}
+	n, err := strconv.Atoi(str(args[2]))
+	if err != nil || n < 0 || 3+n > len(args) {
+		return Call{}, false
+	}
+	c := Call{Via: via, Keys: make([]string, n), Args: make([]string, len(args)-3-n)}
+	for i := range c.Keys {
+		c.Keys[i] = str(args[3+i])
+	}
+	for i := range c.Args {
+		c.Args[i] = str(args[3+n+i])
+	}
+	sn, ok := scriptName{}, false
+	if s != nil {
+		sn, ok = s.byHash[sha]
+	}
+	switch {
+	case !ok:
+		c.Script = "?" + sha[:min(len(sha), 8)]
+	case sn.ops && len(c.Args) > 0:
+		c.Script = sn.name + "." + c.Args[0]
+	default:
+		c.Script = sn.name
+	}
+	return c, true
+}
+
+// str formats one command argument as go-redis writes it.
+func str(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return ""
+	case string:
+		return v
+	case *string:
+		if v == nil {
+			return ""
+		}
+		return *v
+	case []byte:
+		return string(v)
+	case int:
+		return strconv.Itoa(v)
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case int32:
+		return strconv.FormatInt(int64(v), 10)
+	case uint64:
+		return strconv.FormatUint(v, 10)
+	case uint32:
+		return strconv.FormatUint(uint64(v), 10)
+	case uint:
+		return strconv.FormatUint(uint64(v), 10)
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	case float32:
+		return strconv.FormatFloat(float64(v), 'f', -1, 64)
+	case bool:
+		if v {
+			return "1"
+		}
+		return "0"
+	case time.Duration:
+		return strconv.FormatInt(v.Nanoseconds(), 10)
+	case fmt.Stringer:
+		return v.String()
+	}
+	return fmt.Sprint(v)
+}
+
+// resp is the RESP encoding of a command line, as go-redis writes it.
+func resp(args []any) []byte {
+	b := make([]byte, 0, 64*len(args))
+	b = append(b, '*')
+	b = strconv.AppendInt(b, int64(len(args)), 10)
+	b = append(b, '\r', '\n')
+	for _, a := range args {
+		s := str(a)
+		b = append(b, '$')
+		b = strconv.AppendInt(b, int64(len(s)), 10)
+		b = append(b, '\r', '\n')
+		b = append(b, s...)
+		b = append(b, '\r', '\n')
+	}
+	return b
+}
