@@ -74,7 +74,10 @@ func inTurn(t *testing.T, ctx context.Context, cs []*dlock.Client, rdb *redis.Cl
 	go lock()
 	waitLine(t, ctx, rdb, key, 1) // the first waiter is in line at Redis
 	go lock()
-	time.Sleep(100 * time.Millisecond) // the second is queued behind it, in its Client
+	waitFor(t, ctx, "the second waiter queued behind the first", func() bool {
+		n, _ := dlock.QueuedLocally(cs[1], name)
+		return n == 2
+	})
 	if err := first.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -82,8 +85,10 @@ func inTurn(t *testing.T, ctx context.Context, cs []*dlock.Client, rdb *redis.Cl
 	if a == nil {
 		t.FailNow()
 	}
-	waitLine(t, ctx, rdb, key, 1) // the second waiter, now the head, is in line
-	time.Sleep(50 * time.Millisecond)
+	waitFor(t, ctx, "the second waiter asleep in line", func() bool {
+		_, asleep := dlock.QueuedLocally(cs[1], name)
+		return asleep
+	})
 	return a, got
 }
 

@@ -305,17 +305,17 @@ func TestSeeded(t *testing.T) {
 
 // The engine's scripts are named by file, and sem.lua's calls by operation.
 func TestEngineScripts(t *testing.T) {
-	sc, err := faults.LoadScripts("../../lua", "sem")
+	sc, err := faults.LoadScripts("../wire/lua", "sem")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := redistest.Start(t)
 	plain := s.Client(t)
-	src, err := os.ReadFile("../../lua/sem.lua")
+	src, err := os.ReadFile("../wire/lua/sem.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
-	extend, err := os.ReadFile("../../lua/extend.lua")
+	extend, err := os.ReadFile("../wire/lua/extend.lua")
 	if err != nil {
 		t.Fatal(err)
 	}

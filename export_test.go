@@ -1,0 +1,16 @@
+package dlock
+
+// QueuedLocally returns how many of c's default-mode Lock calls wait in c's
+// queue for the lock called name, and whether the first of them sleeps in
+// line at Redis (so that a holder of c may pass it the lock). Tests wait for
+// it rather than for a while.
+func QueuedLocally(c *Client, name string) (n int, headAsleep bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, lc := range c.locals {
+		if lc.lk.name == name {
+			return len(lc.queue), len(lc.queue) > 0 && lc.queue[0].asleep
+		}
+	}
+	return 0, false
+}

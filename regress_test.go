@@ -1,0 +1,203 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faults"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/wire"
+	"github.com/redis/go-redis/v9"
+)
+
+// engineScripts names dlock's scripts for fault rules.
+func engineScripts(t testing.TB) *faults.Scripts {
+	t.Helper()
+	sc, err := faults.LoadScripts("internal/wire/lua", "sem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+// faultyClient is a dlock Client whose Redis client injects faults by rules.
+// The server has every script loaded first, so that a fault never meets a
+// NOSCRIPT reply instead of the script's work.
+func faultyClient(t testing.TB, s *redistest.Server, rules ...faults.Rule) (*dlock.Client, *faults.Injector) {
+	t.Helper()
+	plain := s.Client(t)
+	for _, sc := range wire.Scripts() {
+		if err := plain.ScriptLoad(context.Background(), sc.Src).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in := faults.New(faults.Config{Scripts: engineScripts(t), Rules: rules, MaxDelay: 5 * time.Second})
+	rdb := s.Client(t)
+	rdb.AddHook(in)
+	c := dlock.New(rdb)
+	t.Cleanup(func() { _ = c.Close() })
+	return c, in
+}
+
+// stillValid reports whether l's holder would still rely on it.
+func stillValid(l *dlock.Lease) bool { return l.Context().Err() == nil }
+
+// TestConcurrentUnlocksOfAPassedLease (review defect 1): two Unlock calls
+// at once on a lease whose Unlock passes the lock to a waiter of its own
+// Client, with the pass record slow. The second call must not release the
+// lock at Redis under the old token (which would hand it to another
+// Client's waiter while the passed lease holds it): both calls return nil
+// and the other Client gets the lock only after the passed lease unlocks.
+func TestConcurrentUnlocksOfAPassedLease(t *testing.T) {
+	s := redistest.Start(t)
+	plain, _ := newClient(t, s)
+	c, _ := faultyClient(t, s, faults.Rule{Script: "pass", Kind: faults.DelaySend, P: 1, Min: 100 * time.Millisecond, Max: 100 * time.Millisecond})
+	other, rdb := newClient(t, s)
+	ctx := ctxT(t, 60*time.Second)
+	for round := 0; round < 12; round++ {
+		name := "unlock2x-" + string(rune('a'+round))
+		a, passed := inTurn(t, ctx, []*dlock.Client{plain, c}, rdb, name)
+		// Another Client waits in line at Redis too.
+		got := async(t, ctx, other.Mutex(name).Lock)
+		waitLine(t, ctx, rdb, "dlock:{"+name+"}", 2)
+
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range errs {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i] = a.Unlock(ctx) }()
+		}
+		wg.Wait()
+		w := <-passed
+		if w == nil {
+			t.FailNow()
+		}
+		for _, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: concurrent Unlock: %v", round, err)
+			}
+		}
+		time.Sleep(150 * time.Millisecond) // let a wrong release hand the lock to the other Client
+		if !stillValid(w) {
+			t.Fatalf("round %d: the passed lease ended: %v", round, context.Cause(w.Context()))
+		}
+		done := make(chan struct{})
+		go func() { _, _ = got(); close(done) }()
+		select {
+		case <-done:
+			if l, _ := got(); l != nil {
+				t.Fatalf("round %d: another Client got the lock while the passed lease held it", round)
+			}
+		default:
+		}
+		if err := w.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		o, err := got()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = o.Unlock(ctx)
+	}
+}
+
+// TestRetriedPassRecordDatesFromFirstSend (review defect 2): the first
+// record of a pass runs but its reply is lost; the retry comes late. The
+// passed lease must end no later than the lock expires at Redis, which
+// another Client then takes.
+func TestRetriedPassRecordDatesFromFirstSend(t *testing.T) {
+	s := redistest.Start(t)
+	plain, _ := newClient(t, s)
+	c, _ := faultyClient(t, s,
+		faults.Rule{Script: "pass", Kind: faults.LoseReply, Calls: []int{1}},
+		// The retries fail before reaching Redis for a while: the one that
+		// lands is sent about 1.2 s after the first.
+		faults.Rule{Script: "pass", Kind: faults.FailSend, Calls: []int{2, 3, 4}, Min: 400 * time.Millisecond, Max: 400 * time.Millisecond},
+	)
+	other, rdb := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	ttl := dlock.TTL(2 * time.Second)
+	a, passed := inTurn(t, ctx, []*dlock.Client{plain, c}, rdb, "retried", ttl, dlock.NoRenew())
+	go func() { _ = a.Unlock(ctx) }()
+	w := <-passed
+	if w == nil {
+		t.FailNow()
+	}
+	o, err := other.Mutex("retried").Lock(ctx) // once the lock expires at Redis
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Unlock(ctx)
+	if stillValid(w) {
+		t.Fatal("another Client got the lock while the passed lease was still believed valid")
+	}
+}
+
+// TestRenewalInFlightWhileExtend (review defect 3): a renewal with the old
+// TTL is in flight (sent late) when Extend sets a longer one. The lease must
+// never be believed valid past its expiry at Redis, whichever lands last.
+func TestRenewalInFlightWhileExtend(t *testing.T) {
+	s := redistest.Start(t)
+	c, in := faultyClient(t, s, faults.Rule{Script: "extend", Via: faults.Batch, Kind: faults.DelaySend, Calls: []int{1}, Min: 300 * time.Millisecond, Max: 300 * time.Millisecond})
+	other, _ := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	l, err := c.Mutex("extend-race", dlock.TTL(900*time.Millisecond)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !in.WaitInFlight(2*time.Second, func(k faults.Call) bool { return k.Script == "extend" && k.Via == faults.Batch }) {
+		t.Fatal("no renewal in flight")
+	}
+	if err := l.Extend(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// If the renewal's TTL won at Redis, another Client gets the lock
+	// within a second; then the lease must have ended by then.
+	octx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	o, err := other.Mutex("extend-race").Lock(octx)
+	if err == nil {
+		defer o.Unlock(ctx)
+		if stillValid(l) {
+			t.Fatal("another Client got the lock while the extended lease was still believed valid")
+		}
+	} else if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatal(err)
+	}
+	_ = l.Unlock(ctx)
+}
+
+// TestUnlockWithEndedCtxOfAPassedLease (review defect 4): a lease passed to
+// a waiter is unlocked at once with a ctx that has already ended (defer
+// l.Unlock(reqCtx) after the request), while its record is still in
+// flight. The lock must be released once the record lands, not renewed
+// forever.
+func TestUnlockWithEndedCtxOfAPassedLease(t *testing.T) {
+	s := redistest.Start(t)
+	plain, _ := newClient(t, s)
+	c, _ := faultyClient(t, s, faults.Rule{Script: "pass", Kind: faults.DelaySend, P: 1, Min: 200 * time.Millisecond, Max: 200 * time.Millisecond})
+	_, rdb := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	for round := 0; round < 8; round++ {
+		name := "ended-" + string(rune('a'+round))
+		a, passed := inTurn(t, ctx, []*dlock.Client{plain, c}, rdb, name, dlock.TTL(300*time.Millisecond))
+		go func() { _ = a.Unlock(ctx) }()
+		w := <-passed
+		if w == nil {
+			t.FailNow()
+		}
+		ended, cancel := context.WithCancel(ctx)
+		cancel()
+		_ = w.Unlock(ended)
+		if stillValid(w) {
+			t.Fatal("the lease context outlived its Unlock")
+		}
+		waitFor(t, ctx, "the lock free again at Redis (round "+name+")", func() bool {
+			return rdb.HGet(ctx, "dlock:{"+name+"}", "o").Err() == redis.Nil
+		})
+	}
+}
