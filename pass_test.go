@@ -50,6 +50,11 @@ func TestPassLostLease(t *testing.T) {
 	if o, err := rdb.HGet(ctx, "dlock:{p}", "o").Result(); err != redis.Nil {
 		t.Fatalf("owner left at Redis: %q %v", o, err)
 	}
+	// The passed lease's place in line goes too: a later release must not
+	// hand the lock to it (it would stall the lock for seconds).
+	waitFor(t, ctx, "the passed lease's place in line gone", func() bool {
+		return rdb.Exists(ctx, "dlock:{p}:q", "dlock:{p}:w").Val() == 0
+	})
 }
 
 // inTurn sets up a pass: cs[0] holds name while two waiters of cs[1] queue;

@@ -201,3 +201,42 @@ func TestUnlockWithEndedCtxOfAPassedLease(t *testing.T) {
 		})
 	}
 }
+
+// TestRetriedUnlockAfterLostReply: the first release runs but its reply is
+// lost; before the retry, the idle key expires, or another Client takes
+// and frees the lock. The retry finds the lock not this lease's and reports
+// success: the first attempt released it (the lease held until Unlock was
+// called), rather than ErrLockLost.
+func TestRetriedUnlockAfterLostReply(t *testing.T) {
+	s := redistest.Start(t)
+	// Each lease's first release loses its reply.
+	c, _ := faultyClient(t, s, faults.Rule{Script: "release", Kind: faults.LoseReply, Calls: []int{1, 3}})
+	other, rdb := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	for _, between := range []struct {
+		what string
+		do   func(name string)
+	}{
+		{"the key expired", func(name string) { rdb.Del(ctx, "dlock:{"+name+"}") }},
+		{"another Client took and freed it", func(name string) {
+			l, err := other.Mutex(name).Lock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = l.Unlock(ctx)
+		}},
+	} {
+		name := "retry-" + between.what
+		l, err := c.Mutex(name).Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(ctx); err == nil {
+			t.Fatalf("%s: the first Unlock's reply was lost, yet it returned nil", between.what)
+		}
+		between.do(name)
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatalf("%s: retried Unlock: %v, want nil", between.what, err)
+		}
+	}
+}
