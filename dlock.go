@@ -97,6 +97,7 @@ type Client struct {
 	tokens tokenSource
 	dog    watchdog
 	hub    *hub
+	fences fenceMemo
 
 	mu      sync.Mutex         // guards locals, byToken, late and the waiters in them
 	locals  map[string]*local  // the locks this Client waits for, by lock key
@@ -141,6 +142,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	}
 	c.id = c.tokens.next()[:12]
 	c.dog.init()
+	c.fences.init()
 	c.hub = newHub(bg, rdb, clientHandler{c}, cfg.logger, c.goBg)
 	return c
 }

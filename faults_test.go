@@ -6,7 +6,9 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -294,4 +296,72 @@ func TestFault17ReleaseRetry(t *testing.T) {
 		t.Fatal("the retried release touched the new holder")
 	}
 	_ = other.Unlock(ctx)
+}
+
+// A fence that goes backwards (the server lost the counter in a failover or
+// restart, and its clock is behind the one that granted the last fence) is
+// reported, not silently passed on: storage that checks fences would refuse
+// the new holder. The counter of a server whose clock ran ahead is
+// emulated by raising f, its loss by deleting the key.
+func TestFenceRegressionReported(t *testing.T) {
+	s := redistest.Start(t)
+	var logged recordedLogs
+	c, rdb := newClient(t, s, dlock.WithLogger(slog.New(&logged)))
+	ctx := ctxT(t, 10*time.Second)
+	m := c.Mutex("regress")
+	l, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Unlock(ctx)
+	ahead := l.Fence() + 1_000_000_000_000 // a clock about 12 days ahead
+	rdb.HSet(ctx, "dlock:{regress}", "f", ahead)
+	l, err = m.Lock(ctx)
+	if err != nil || l.Fence() != ahead+1 {
+		t.Fatalf("lock %v, fence %d, want %d", err, l.Fence(), ahead+1)
+	}
+	_ = l.Unlock(ctx)
+	if logged.count("fence went backwards") != 0 {
+		t.Fatal("reported a regression before there was one")
+	}
+	rdb.Del(ctx, "dlock:{regress}") // the counter is lost
+	l, err = m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Unlock(ctx)
+	if l.Fence() > ahead {
+		t.Fatalf("fence %d did not go backwards: the test does not reproduce the fault", l.Fence())
+	}
+	if logged.count("fence went backwards") != 1 {
+		t.Fatalf("the regression from %d to %d was not reported", ahead+1, l.Fence())
+	}
+}
+
+// recordedLogs is a slog.Handler that keeps the messages.
+type recordedLogs struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (r *recordedLogs) Enabled(context.Context, slog.Level) bool { return true }
+func (r *recordedLogs) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	r.msgs = append(r.msgs, rec.Message)
+	r.mu.Unlock()
+	return nil
+}
+func (r *recordedLogs) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *recordedLogs) WithGroup(string) slog.Handler      { return r }
+
+func (r *recordedLogs) count(substr string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, m := range r.msgs {
+		if strings.Contains(m, substr) {
+			n++
+		}
+	}
+	return n
 }

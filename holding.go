@@ -139,6 +139,7 @@ func (h *holding) endOp() {
 // granted makes a waiting holding held: a request sent at sent, carrying
 // ttl, obtained the lock with fence.
 func (h *holding) granted(fence uint64, sent time.Time, ttl time.Duration) {
+	h.c.noteFence(h, fence, sent)
 	h.mu.Lock()
 	h.st = held
 	h.setFence(fence)
