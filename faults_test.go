@@ -44,13 +44,14 @@ func TestFault4AcquireReplyLost(t *testing.T) {
 	} else {
 		_ = l.Unlock(ctx)
 	}
-	// The server sleeps 500ms; our acquire queues behind it and is applied
-	// after our 100ms ctx has ended.
-	go s.Do(t, "DEBUG", "SLEEP", "0.5")
-	time.Sleep(50 * time.Millisecond)
+	// The server is frozen when our acquire is sent, and runs it once it
+	// resumes, after our 100ms ctx has ended. (Frozen with SIGSTOP, not DEBUG
+	// SLEEP: a sleep in progress cannot be observed, a stopped process is.)
+	s.Pause()
 	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	_, err := c.Mutex("lost-reply", dlock.TTL(5*time.Second)).TryLock(tctx)
 	cancel()
+	s.Resume()
 	if err == nil {
 		t.Fatal("TryLock reported success with its reply lost")
 	}

@@ -474,8 +474,9 @@ func TestSemaphoreAcquireReplyLost(t *testing.T) {
 		_ = l.Unlock(ctx)
 	}
 	for _, try := range []bool{true, false} {
-		go s.Do(t, "DEBUG", "SLEEP", "0.5")
-		time.Sleep(50 * time.Millisecond)
+		// Frozen (SIGSTOP) when the acquire is sent, the server runs it once
+		// it resumes, after the 100ms ctx has ended.
+		s.Pause()
 		tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		var err error
 		if try {
@@ -484,6 +485,7 @@ func TestSemaphoreAcquireReplyLost(t *testing.T) {
 			_, err = sem.Acquire(tctx, 2)
 		}
 		cancel()
+		s.Resume()
 		if err == nil {
 			t.Fatal("reported success with its reply lost")
 		}
