@@ -14,3 +14,14 @@ func QueuedLocally(c *Client, name string) (n int, headAsleep bool) {
 	}
 	return 0, false
 }
+
+// Settled reports whether the holding behind l has reached a final state
+// (released, passed on, lost or closed): what its Unlock will report is
+// decided, though the calls that follow (a release, a give-back) may still
+// be on their way to Redis. Tests wait for it rather than for a while.
+func Settled(l *Lease) bool {
+	h := l.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.st.final()
+}

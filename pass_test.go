@@ -317,7 +317,11 @@ func TestPassRecordLate(t *testing.T) {
 	if cause := context.Cause(w.Context()); !errors.Is(cause, dlock.ErrLockLost) {
 		t.Fatalf("passed lease ended with %v, want ErrLockLost", cause)
 	}
-	time.Sleep(100 * time.Millisecond)
+	// Redis resumes once the record has given up (the passer's holding is
+	// settled as lost): a record call answered before that would land and
+	// succeed. Without ContextTimeoutEnabled, go-redis ends that call at its
+	// own timeout, a few seconds after it was sent, not at the deadline.
+	waitFor(t, ctx, "the record of the pass given up", func() bool { return dlock.Settled(a) })
 	s.Resume()
 	resumed = true
 	free := time.Now().Add(ttl / 2) // pass.lua would give the new owner a full TTL
