@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -99,7 +100,7 @@ func TestLockUnlock(t *testing.T) {
 
 func TestLockWaitsForRelease(t *testing.T) {
 	s := redistest.Start(t)
-	c1, _ := newClient(t, s)
+	c1, rdb := newClient(t, s)
 	c2, _ := newClient(t, s)
 	ctx := ctxT(t, 10*time.Second)
 	l1, err := c1.Mutex("w").Lock(ctx)
@@ -107,7 +108,7 @@ func TestLockWaitsForRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := lockedAt(t, ctx, c2.Mutex("w").Lock)
-	time.Sleep(200 * time.Millisecond)
+	waitLine(t, ctx, rdb, "dlock:{w}", 1) // the waiter waits in line
 	released := time.Now()
 	if err := l1.Unlock(ctx); err != nil {
 		t.Fatal(err)
@@ -161,8 +162,14 @@ func TestContextEndsWait(t *testing.T) {
 		t.Fatalf("Lock after deadline: %v, want DeadlineExceeded", err)
 	}
 	cctx, cancel2 := context.WithCancel(ctx)
-	go func() { time.Sleep(50 * time.Millisecond); cancel2() }()
-	_, err = c.Mutex("busy").Lock(cctx)
+	defer cancel2()
+	get := async(t, cctx, c.Mutex("busy").Lock)
+	waitFor(t, ctx, "the second Lock asleep in line", func() bool {
+		n, asleep := dlock.QueuedLocally(c, "busy")
+		return n == 1 && asleep
+	})
+	cancel2()
+	_, err = get()
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Lock after cancel: %v, want Canceled", err)
 	}
@@ -391,7 +398,7 @@ func TestExtend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(150 * time.Millisecond)
+	time.Sleep(150 * time.Millisecond) // past its 50ms TTL: an expired lease is what is tested
 	if err := l2.Extend(ctx, time.Minute); !errors.Is(err, dlock.ErrLockLost) {
 		t.Fatalf("Extend after expiry: %v, want ErrLockLost", err)
 	}
@@ -548,10 +555,14 @@ func TestLocalQueueFIFO(t *testing.T) {
 			mu.Lock()
 			order = append(order, i)
 			mu.Unlock()
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // hold time
 			_ = l.Unlock(ctx)
 		}(i)
-		time.Sleep(50 * time.Millisecond) // arrive in order
+		// Arrive in order: the next one starts once this one has queued.
+		waitFor(t, ctx, fmt.Sprintf("waiter %d queued", i), func() bool {
+			n, _ := dlock.QueuedLocally(c, "fifo")
+			return n == i+1
+		})
 	}
 	_ = holder.Unlock(ctx)
 	wg.Wait()
@@ -588,7 +599,11 @@ func TestOnlyHeadContends(t *testing.T) {
 	for i := 0; i < n; i++ {
 		done = append(done, lockedAt(t, ctx, c2.Mutex("herd").Lock))
 	}
-	time.Sleep(300 * time.Millisecond) // all queued; the holder still holds
+	// All queued, the head asleep in line; the holder still holds.
+	waitFor(t, ctx, fmt.Sprintf("%d waiters queued, the head asleep in line", n), func() bool {
+		q, asleep := dlock.QueuedLocally(c2, "herd")
+		return q == n && asleep
+	})
 	rdb.ConfigResetStat(ctx)
 	_ = holder.Unlock(ctx)
 	for _, ch := range done {
@@ -650,12 +665,24 @@ func TestDefaultHeadHandOver(t *testing.T) {
 		}
 	}
 	waitLine(t, ctx, rdb, "dlock:{hand}", 2)
-	time.Sleep(100 * time.Millisecond) // the second waiters have queued locally
+	waitFor(t, ctx, "the second waiters queued locally", func() bool {
+		n1, _ := dlock.QueuedLocally(cs[1], "hand")
+		n2, _ := dlock.QueuedLocally(cs[2], "hand")
+		return n1 == 2 && n2 == 2
+	})
+	// Not ordering: time for a wrong place in line (a queued waiter that is
+	// not its Client's head) to show, since the check below is that none does.
+	time.Sleep(100 * time.Millisecond)
 	if n := rdb.LLen(ctx, "dlock:{hand}:q").Val(); n != 2 {
 		t.Fatalf("%d places in line, want one per waiting Client", n)
 	}
 	last := holder.Fence()
 	_ = holder.Unlock(ctx)
+	// After each grant, how many waiters its Client still has queued: the
+	// next head among them must be asleep in line before the holder unlocks,
+	// or nothing could be passed to it (nor wrongly, to a waiter that arrived
+	// during the turn).
+	queuedAfter := []int{2, 1, 1, 0, 0}
 	var order []int
 	for k := range 5 {
 		g := <-gots
@@ -667,10 +694,16 @@ func TestDefaultHeadHandOver(t *testing.T) {
 		}
 		last = g.l.Fence()
 		order = append(order, g.client)
+		if want := []int{1, 1, 2, 2, 1}; g.client != want[k] {
+			t.Fatalf("Clients served in order %v so far, want 1 1 2 2 1 (turns round the line)", order)
+		}
 		if k == 0 {
 			start(1) // arrives during Client 1's turn: waits for the next one
 		}
-		time.Sleep(50 * time.Millisecond) // the next head of that Client joins the line
+		waitFor(t, ctx, fmt.Sprintf("grant %d: the next head of Client %d asleep in line", k, g.client), func() bool {
+			n, asleep := dlock.QueuedLocally(cs[g.client], "hand")
+			return n == queuedAfter[k] && asleep == (n > 0)
+		})
 		// Redis knows the holder, whether it came through Redis or was passed.
 		if _, err := g.l.TTL(ctx); err != nil {
 			t.Fatal(err)
