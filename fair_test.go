@@ -35,13 +35,7 @@ func TestFairBasics(t *testing.T) {
 		}
 		got <- l2
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for rdb.LLen(ctx, "dlock:{fair}:q").Val() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("waiter never took a place in line")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitLine(t, ctx, rdb, "dlock:{fair}", 1)
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -98,19 +92,13 @@ func TestFairOrderAcrossClients(t *testing.T) {
 				return
 			}
 			grants <- grant{i, l.Fence(), time.Now()}
-			time.Sleep(2 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond) // hold time
 			unlockAt[i] = time.Now()
 			_ = l.Unlock(ctx)
 		}(i)
 		// Arrive in order, alternating Clients: the next one starts once this
 		// one has its place in line.
-		deadline := time.Now().Add(10 * time.Second)
-		for rdb.LLen(ctx, "dlock:{line}:q").Val() < int64(i+1) {
-			if time.Now().After(deadline) {
-				t.Fatalf("waiter %d never took its place in line", i)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
+		waitLine(t, ctx, rdb, "dlock:{line}", int64(i+1))
 	}
 	unlockAt[n] = time.Now()
 	_ = holder.Unlock(ctx)
@@ -169,7 +157,7 @@ func leaveAndSkipGhost(t *testing.T, opts ...dlock.LockOption) {
 	rdb.RPush(ctx, "dlock:{dead}:q", "ghost")
 	rdb.HSet(ctx, "dlock:{dead}:w", "ghost", fmt.Sprintf("%d,10000,dlock:{dead}:c:ghost", now.UnixMilli()+300))
 	got := lockedAt(t, ctx, other.Mutex("dead", opts...).Lock)
-	time.Sleep(100 * time.Millisecond)
+	waitLine(t, ctx, rdb, "dlock:{dead}", 2) // the live waiter behind the ghost
 	released := time.Now()
 	_ = holder.Unlock(ctx)
 	at, ok := <-got
@@ -201,7 +189,7 @@ func TestFairAndDefaultExclusive(t *testing.T) {
 // full TTL, not just the short expiry of the hand-over.
 func TestFairHandOverNoRenew(t *testing.T) {
 	s := redistest.Start(t)
-	c, _ := newClient(t, s)
+	c, rdb := newClient(t, s)
 	ctx := ctxT(t, 20*time.Second)
 	opts := []dlock.LockOption{dlock.Fair(), dlock.NoRenew(), dlock.TTL(5 * time.Second)}
 	l, err := c.Mutex("norenew", opts...).Lock(ctx)
@@ -216,7 +204,7 @@ func TestFairHandOverNoRenew(t *testing.T) {
 		}
 		got <- l2
 	}()
-	time.Sleep(200 * time.Millisecond)
+	waitLine(t, ctx, rdb, "dlock:{norenew}", 1) // the waiter is in line: the lock is handed over
 	_ = l.Unlock(ctx)
 	l2 := <-got
 	if l2 == nil {
