@@ -66,7 +66,7 @@ func TestFault4AcquireReplyLost(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("lock still held 2s after a lost acquire reply: owner %q", rdb.HGet(ctx, "dlock:{lost-reply}", "o").Val())
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll; the 2s bound is what is tested
 	}
 }
 
@@ -159,6 +159,7 @@ func TestFault9ClockJumpFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	rdb.PExpire(ctx, "dlock:{jump}", time.Millisecond) // the clock jumped ~10s
+	// Past that 1ms TTL (a time property: the early expiry is the fault).
 	time.Sleep(10 * time.Millisecond)
 	cur, err := c2.Mutex("jump").TryLock(ctx)
 	if err != nil {
@@ -195,7 +196,7 @@ func TestFault13ContentionStorm(t *testing.T) {
 // server resumes exactly one of the queued waiters wins.
 func TestFault14ServerPausedPastTTL(t *testing.T) {
 	s := redistest.Start(t)
-	c, _ := newClient(t, s)
+	c, rdb := newClient(t, s)
 	ctx := ctxT(t, 30*time.Second)
 	holder, err := c.Mutex("frozen", dlock.TTL(500*time.Millisecond)).Lock(ctx)
 	if err != nil {
@@ -218,7 +219,7 @@ func TestFault14ServerPausedPastTTL(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(100 * time.Millisecond) // waiters queued
+	waitLine(t, ctx, rdb, "dlock:{frozen}", 4) // every waiter in line
 	paused := time.Now()
 	s.Pause()
 	select {
@@ -229,7 +230,7 @@ func TestFault14ServerPausedPastTTL(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("holder not told it lost the lock while the server was frozen")
 	}
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // frozen well past the holder's TTL: the fault under test
 	s.Resume()
 	var first *dlock.Lease
 	select {
@@ -237,6 +238,8 @@ func TestFault14ServerPausedPastTTL(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no waiter got the lock after the server resumed")
 	}
+	// Not ordering: time for a wrong second grant to happen; the check is
+	// that none does.
 	time.Sleep(300 * time.Millisecond)
 	if n := got.Load(); n != 1 {
 		t.Fatalf("%d waiters hold the lock", n)
