@@ -90,7 +90,7 @@ func TestRWMutexBasics(t *testing.T) {
 	}
 	deadline := time.Now().Add(3 * time.Second)
 	for in.Load() != 3 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // poll; the 3s bound is what is tested
 	}
 	if n := in.Load(); n != 3 {
 		t.Fatalf("%d of 3 waiting readers got in after the writer left", n)
@@ -160,29 +160,34 @@ func TestRWMutexWriterNotStarved(t *testing.T) {
 	stop := time.Now().Add(2 * time.Second)
 	var wg sync.WaitGroup
 	var reads, readsAfter atomic.Int64
+	var readers atomic.Int32 // reader goroutines that have been in once
 	var writerIn atomic.Bool
 	for g := 0; g < 6; g++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			time.Sleep(time.Duration(g) * 5 * time.Millisecond) // staggered: always someone inside
+			time.Sleep(time.Duration(g) * 5 * time.Millisecond) // load: staggered, always someone inside
 			rw := cs[g%2].RWMutex("busy")
-			for time.Now().Before(stop) {
+			for first := true; time.Now().Before(stop); first = false {
 				l, err := rw.RLock(ctx)
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				reads.Add(1)
+				if first {
+					readers.Add(1)
+				}
 				if writerIn.Load() {
 					readsAfter.Add(1)
 				}
-				time.Sleep(30 * time.Millisecond)
+				time.Sleep(30 * time.Millisecond) // hold time
 				_ = l.Unlock(ctx)
 			}
 		}()
 	}
-	time.Sleep(300 * time.Millisecond)
+	// The writer comes once every reader is going.
+	waitFor(t, ctx, "every reader in once", func() bool { return readers.Load() == 6 })
 	start := time.Now()
 	w, err := cs[0].RWMutex("busy").Lock(ctx)
 	if err != nil {
@@ -190,7 +195,7 @@ func TestRWMutexWriterNotStarved(t *testing.T) {
 	}
 	waited := time.Since(start)
 	writerIn.Store(true)
-	time.Sleep(10 * time.Millisecond)
+	time.Sleep(10 * time.Millisecond) // hold time
 	_ = w.Unlock(ctx)
 	wg.Wait()
 	if waited > time.Second {
@@ -222,7 +227,7 @@ func TestRWMutexKilledReaderShareExpires(t *testing.T) {
 	if used, _ := rdb.HGet(ctx, "dlock:{held}", "u").Int(); used != 2 {
 		t.Fatalf("readers at Redis = %d, want 2", used)
 	}
-	time.Sleep(1200 * time.Millisecond)
+	time.Sleep(1200 * time.Millisecond) // past the killed reader's 1s TTL: what is tested
 	if _, err := rw.TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
 		t.Fatalf("TryLock while the live reader holds: %v", err)
 	}
@@ -343,7 +348,7 @@ func rwRead(ctx context.Context, rw *dlock.RWMutex, rdb *redis.Client, rng *rand
 		rdb.Incr(ctx, "rw:bad")
 	}
 	rdb.Incr(ctx, "rw:reads")
-	time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+	time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond) // load: hold time
 	rdb.Decr(ctx, "rw:r")
 	return l.Unlock(ctx)
 }
