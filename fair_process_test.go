@@ -125,7 +125,7 @@ func (f *fairProcs) join(ctx context.Context, p, id int) {
 		if n > want || time.Now().After(deadline) {
 			t.Fatalf("waiter %d (process %d): line has %d places, want %d", id, p, n, want)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // poll the line
 	}
 	token, err := f.rdb.LIndex(ctx, fairLineKey, want-1).Result()
 	if err != nil {
@@ -167,7 +167,7 @@ func (f *fairProcs) waitLog(ctx context.Context, grants int) []fairEvent {
 			t.Fatalf("after 20s the log has %d of %d entries: %q", f.rdb.LLen(ctx, fairLogKey).Val(), want,
 				f.rdb.LRange(ctx, fairLogKey, 0, -1).Val())
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll the log
 	}
 	raw, err := f.rdb.LRange(ctx, fairLogKey, 0, -1).Result()
 	if err != nil {

@@ -137,7 +137,7 @@ func TestPassStress(t *testing.T) {
 			mu.Lock()
 			fences = append(fences, l.Fence())
 			mu.Unlock()
-			time.Sleep(time.Duration(100+r.IntN(300)) * time.Microsecond)
+			time.Sleep(time.Duration(100+r.IntN(300)) * time.Microsecond) // load: hold time
 			inside.Store(0)
 			if err := l.Unlock(ctx); err != nil {
 				return err
@@ -247,7 +247,7 @@ func TestPassCloseRace(t *testing.T) {
 					return err
 				}
 				fences.Store(l.Fence(), true)
-				time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond)
+				time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond) // load: hold time
 				if err := l.Unlock(ctx); err != nil && !errors.Is(err, dlock.ErrClosed) && !errors.Is(err, dlock.ErrLockLost) {
 					return err
 				}
@@ -333,7 +333,7 @@ func TestPassRecordLate(t *testing.T) {
 		if time.Now().After(free) {
 			t.Fatalf("owner %q (%v) still at Redis %v after resuming (PTTL %v)", o, err, ttl/2, rdb.PTTL(ctx, key).Val())
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll; the ttl/2 bound is what is tested
 	}
 	if err := <-unlocked; !errors.Is(err, dlock.ErrLockLost) {
 		t.Fatalf("the passer's Unlock: %v, want ErrLockLost (the pass was never recorded)", err)

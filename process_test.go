@@ -360,6 +360,8 @@ func TestPausedHolderLosesLease(t *testing.T) {
 	if !writeFenced(ctx, rdb, l.Fence(), "new holder") {
 		t.Fatal("new holder's fenced write refused")
 	}
+	// It stays paused on past its deadline (a time property: that the lease
+	// ended while the holder was paused is what is tested).
 	time.Sleep(200 * time.Millisecond)
 	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
