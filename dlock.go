@@ -89,10 +89,11 @@ type Client struct {
 	inflight atomic.Int64         // lock-path scripts awaiting Redis
 	cfg      clientConfig
 
-	closed atomic.Bool
-	bg     context.Context // ends at Close
-	stop   context.CancelFunc
-	gs     goroutines
+	closed    atomic.Bool
+	closeOnce sync.Once
+	bg        context.Context // ends at Close
+	stop      context.CancelFunc
+	gs        goroutines
 
 	tokens tokenSource
 	dog    watchdog
@@ -152,11 +153,15 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // return ErrClosed; background goroutines end. Further calls return
 // ErrClosed. A lock taken, passed or handed over to a call as Close runs is
 // released by that call, which returns ErrClosed. Close is idempotent and
-// does not close the Redis client.
+// does not close the Redis client. Calls of Close at the same time all
+// return once it is done.
 func (c *Client) Close() error {
-	if c.closed.Swap(true) {
-		return nil
-	}
+	c.closeOnce.Do(c.close)
+	return nil
+}
+
+func (c *Client) close() {
+	c.closed.Store(true)
 	// A pass decided before closed was set has started its record by now
 	// (passOn holds c.mu throughout): the record releases what it passed.
 	c.mu.Lock()
@@ -173,7 +178,6 @@ func (c *Client) Close() error {
 	c.stop()
 	c.hub.Close()
 	c.gs.wait()
-	return nil
 }
 
 // goroutines tracks a Client's background goroutines so that Close can wait
