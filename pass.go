@@ -52,7 +52,7 @@ func (c *Client) record(p *pass) {
 	backoff := time.Millisecond
 	for {
 		sent := time.Now()
-		v, err := passScript.run(ctx, c.rdb, keys, from.token, from.fenceStr, to.token, to.fenceStr, to.lk.ttlArg)
+		v, err := c.eval(ctx, call{passScript, keys, []any{from.token, from.fenceStr, to.token, to.fenceStr, to.lk.ttlArg}})
 		switch {
 		case err == nil && v == int64(wire.PassRecorded):
 			from.settle(passed, nil)
@@ -75,10 +75,15 @@ func (c *Client) record(p *pass) {
 			why := fmt.Sprintf("the pass could not be recorded at Redis in time: %v", err)
 			from.settle(lost, fmt.Errorf("%w: %s", ErrLockLost, why))
 			to.lose(why)
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_, _ = c.releaseCallAt(rctx, from)
-			_ = to.lk.proto.giveBack(rctx, to.lk, to.token)
-			cancel()
+			release := func() {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				_, _ = c.releaseCallAt(rctx, from)
+				_ = to.lk.proto.giveBack(rctx, to.lk, to.token)
+			}
+			if !c.goBg(release) {
+				release()
+			}
 			return
 		}
 		// Unknown: it may have run, with the new holder's TTL.
