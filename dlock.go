@@ -67,6 +67,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/hub"
 	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
@@ -97,7 +98,7 @@ type Client struct {
 
 	tokens tokenSource
 	dog    watchdog
-	hub    *hub
+	hub    *hub.Hub
 	fences fenceMemo
 
 	mu      sync.Mutex         // guards locals, byToken, late and the waiters in them
@@ -144,7 +145,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c.id = c.tokens.next()[:12]
 	c.dog.init()
 	c.fences.init()
-	c.hub = newHub(bg, rdb, clientHandler{c}, cfg.logger, c.goBg)
+	c.hub = hub.New(rdb, clientHandler{c}, cfg.logger)
 	return c
 }
 

@@ -42,30 +42,38 @@ func (lk *lock) wait(ctx context.Context, h *holding) (*Lease, error) {
 	// hand-over (or release) between our look and the subscription would
 	// go unheard until our next refresh. If they cannot be confirmed soon
 	// we go on: the refreshes bound the wait.
+	subscribed, err := lk.awaitSubscribed(ctx, lc)
+	if err != nil {
+		return nil, err
+	}
+	lk.proto.joinLine(h)
+	c.enterLine(lc, w)
+	return lk.inLine(ctx, h, lc, w, subscribed)
+}
+
+// awaitSubscribed waits until both channels of lc are subscribed, for at
+// most subscribeWait in all (one bound for both: a slot that is briefly
+// unserved must not hold a waiter beyond it). It reports whether they are.
+func (lk *lock) awaitSubscribed(ctx context.Context, lc *local) (bool, error) {
 	bound := time.NewTimer(subscribeWait)
 	defer bound.Stop()
 	for _, ready := range lc.ready {
 		select {
 		case <-ready:
 		case <-bound.C:
+			return false, nil // look now: the refreshes bound the wait
 		case <-ctx.Done():
-			return nil, lk.fail(ctx, ctx.Err())
-		case <-c.bg.Done():
-			return nil, nameErr(lk.name, ErrClosed)
+			return false, lk.fail(ctx, ctx.Err())
+		case <-lk.c.bg.Done():
+			return false, nameErr(lk.name, ErrClosed)
 		}
-		if !bound.Stop() {
-			break // the bound is spent: look now
-		}
-		bound.Reset(subscribeWait)
 	}
-	lk.proto.joinLine(h)
-	c.enterLine(lc, w)
-	return lk.inLine(ctx, h, lc, w)
+	return true, nil
 }
 
 // inLine is the loop of a waiter in the line: look (refreshing its place),
 // sleep until something happens, look again.
-func (lk *lock) inLine(ctx context.Context, h *holding, lc *local, w *waiter) (*Lease, error) {
+func (lk *lock) inLine(ctx context.Context, h *holding, lc *local, w *waiter, subscribed bool) (*Lease, error) {
 	c := lk.c
 	var placed time.Time // when the last look that put us in line was sent
 	inDoubt := false     // the last look's outcome is unknown
@@ -77,7 +85,7 @@ func (lk *lock) inLine(ctx context.Context, h *holding, lc *local, w *waiter) (*
 		var sleep time.Duration
 		switch {
 		case err == nil && r.ok:
-			if r.already && !inDoubt && !placed.IsZero() {
+			if r.already && subscribed && !inDoubt && !placed.IsZero() {
 				c.expectHandOver(lk, w) // its message should follow
 			}
 			return lk.obtained(ctx, h, r, lc)

@@ -1,6 +1,11 @@
 package dlock
 
-import "time"
+import (
+	"strings"
+	"time"
+
+	"github.com/dlock-go/dlock/internal/wire"
+)
 
 // local is this Client's books about one lock it waits for: its waiters,
 // and the two channels they need subscribed while any of them waits (the
@@ -266,4 +271,24 @@ func poke(ch chan struct{}) {
 	case ch <- struct{}{}:
 	default:
 	}
+}
+
+// clientHandler routes what the subscription hub hears to the Client's
+// waiters: a hand-over to its waiter, a release to the waiters in line, and
+// a gap in a subscription (messages may have been missed) to every waiter
+// in line for that lock, which then looks again.
+type clientHandler struct{ c *Client }
+
+func (ch clientHandler) Message(channel, payload string) {
+	if f, token, ok := wire.ParseHandOver(payload); ok {
+		ch.c.handOver(token, f)
+		return
+	}
+	f, ok := wire.ParseWake(payload)
+	ch.c.released(channel, f, ok)
+}
+
+func (ch clientHandler) Gap(channel string) {
+	key, _ := strings.CutSuffix(channel, wire.InfixHandOver+ch.c.id)
+	ch.c.released(key, 0, false)
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/redisproc"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -59,7 +60,7 @@ func ReplicatedCluster(t testing.TB, masters, replicas int) ([]*Server, [][]*Ser
 	for i, m := range ms {
 		for _, r := range rs[i] {
 			waitFor(t, ctx, "replica "+r.Addr()+" to sync with "+m.Addr(), func() bool {
-				return infoField(r.info(ctx), "master_link_status") == "up"
+				return redisproc.InfoField(r.info(ctx), "master_link_status") == "up"
 			})
 		}
 	}
@@ -119,7 +120,7 @@ func MigrateSlot(t testing.TB, nodes []*Server, slot int, from, to *Server) {
 	defer cancel()
 	for _, s := range nodes {
 		// Replicas refuse SETSLOT; they follow their masters.
-		if s != from && s != to && infoField(s.info(ctx), "role") == "master" {
+		if s != from && s != to && redisproc.InfoField(s.info(ctx), "role") == "master" {
 			s.Do(t, "CLUSTER", "SETSLOT", slot, "NODE", toID)
 		}
 	}
