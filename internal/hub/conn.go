@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -16,6 +17,7 @@ import (
 // new one is made when a channel needs that server again.
 type conn struct {
 	addr string        // the server's address ("" unless Cluster)
+	born time.Time     // when it was made
 	ps   *redis.PubSub // closed by whoever drops the conn, after Hub.mu is released
 	wake chan struct{} // todo has commands; buffered 1
 	done chan struct{} // closed when dropped: the writer ends

@@ -22,7 +22,7 @@ import (
 
 func TestMain(m *testing.M) {
 	// redistest keeps one OS thread for starting servers (so they die with it).
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/dlock-go/dlock/internal/redistest.spawn.func1.1"))
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/dlock-go/dlock/internal/redisproc.spawnLoop"))
 }
 
 // converge bounds every wait for the hub to reach a state: generous, far

@@ -90,6 +90,10 @@ const (
 	// subscription failed is tried again (doubling, with jitter).
 	minBackoff = 20 * time.Millisecond
 	maxBackoff = time.Second
+	// recycleAfter: a connection in doubt (Suspect, one server) is made
+	// again only if it is at least this old, so that late messages under
+	// load cannot make the hub reconnect over and over.
+	recycleAfter = time.Second
 )
 
 // Handler receives what the hub hears. Its methods must not block long; they
@@ -201,8 +205,11 @@ func (h *Hub) Unwant(channel string) {
 // Suspect says a message that should have come on channel did not: the hub
 // subscribes to it again (where the slot map now puts it), which the server
 // confirms whether or not it was still subscribed, and calls Handler.Gap once
-// it is confirmed. Only that channel is touched. A channel being subscribed
-// or retried already, or not wanted, is left as it is.
+// it is confirmed. On a Cluster only that channel is touched. On one server
+// (plain or Sentinel) the connection itself is made again if it is older
+// than recycleAfter, since a failover leaves it on a demoted primary: every
+// channel is placed again. A channel being subscribed or retried already,
+// or not wanted, is left as it is.
 func (h *Hub) Suspect(channel string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -58,6 +58,12 @@ func (h *Hub) place() time.Duration {
 	for i, name := range due {
 		where[i] = h.locate(name)
 	}
+	var dropped []*conn
+	defer func() {
+		for _, c := range dropped {
+			_ = c.ps.Close()
+		}
+	}()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for i, name := range due {
@@ -77,6 +83,18 @@ func (h *Hub) place() time.Duration {
 		case e.on == nil:
 			e.verify = false
 			h.subscribe(name, e, h.connTo(t))
+		case e.verify && h.cluster == nil:
+			// One server, so the connection itself is in doubt: after a
+			// Sentinel failover it may still be on the demoted primary,
+			// which hears nothing until the sentinels reconfigure it
+			// (seconds later). A new connection dials the primary of now;
+			// every channel on the old one is placed again (with a Gap).
+			e.verify = false
+			if c := e.on; e.state() == up && time.Since(c.born) >= recycleAfter {
+				h.log.Debug("hub: connection in doubt, making it again", "channel", name)
+				h.drop(c)
+				dropped = append(dropped, c)
+			}
 		case e.verify:
 			e.verify = false
 			if e.state() == up {
@@ -177,6 +195,7 @@ func (h *Hub) connTo(t target) *conn {
 	}
 	c := &conn{
 		addr:    t.addr,
+		born:    time.Now(),
 		ps:      t.src.SSubscribe(h.ctx),
 		leaving: map[string]int{},
 		wake:    make(chan struct{}, 1),

@@ -1,7 +1,11 @@
 package hub_test
 
 import (
+	"context"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock/internal/redistest"
 )
@@ -21,5 +25,41 @@ func TestSentinelFailover(t *testing.T) {
 	r.Failover(t) // r.Primary is the promoted replica from here on
 	gapsAtLeast(t, rec, wanted, before)
 	subscribedOn(t, []*redistest.Server{r.Primary, r.Replica}, wanted, nil)
+	delivered(t, rdb, rec, wanted)
+}
+
+// After a Sentinel failover and before the sentinels reconfigure the demoted
+// primary (and kill its clients, seconds later), its subscribers hear
+// nothing. A Suspect about one channel makes the connection again, on the
+// new primary, with every channel on it: messages flow well before the
+// sentinels' reconfiguration would have dropped the old connection.
+func TestSentinelSuspectFollowsPrimary(t *testing.T) {
+	r := redistest.StartReplicated(t)
+	rdb := r.Client(t)
+	h, rec := start(t, rdb)
+	wanted := names("lock:", 20)
+	wantAll(t, h, wanted)
+	delivered(t, rdb, rec, wanted)
+	time.Sleep(time.Second) // the connection is old enough to be made again (hub.recycleAfter)
+
+	r.Failover(t) // r.Primary is the promoted replica from here on
+	h.Suspect(wanted[0])
+	eventually(t, "every channel subscribed on the new primary", func() (bool, string) {
+		got := shardChannels(t, r.Primary)
+		for _, ch := range wanted {
+			if !got[ch] {
+				return false, ch + " is not"
+			}
+		}
+		return true, ""
+	})
+	// The repair came from Suspect, not from the sentinels: the demoted
+	// primary has not been reconfigured yet (it does after a few seconds).
+	old := redis.NewClient(&redis.Options{Addr: r.Replica.Addr()})
+	defer old.Close()
+	role, err := old.Do(context.Background(), "ROLE").Slice()
+	if err != nil || len(role) == 0 || role[0] != "master" {
+		t.Fatalf("the channels moved only once the sentinels reconfigured the old primary (ROLE %v, %v): Suspect did not repair", role, err)
+	}
 	delivered(t, rdb, rec, wanted)
 }
