@@ -75,6 +75,7 @@ type holding struct {
 	// Set before the holding is shared.
 	turnEnd   uint64 // default mode: the last local waiter of this Client's turn (see queue.go); 0: none
 	contended bool   // obtained after waiting: its release is likely awaited
+	acqDoubt  bool   // an acquire of it had an unknown outcome
 
 	tried time.Time // when the last renewal was sent
 
@@ -143,6 +144,10 @@ func (h *holding) granted(fence uint64, sent time.Time, ttl time.Duration) {
 	h.mu.Lock()
 	h.st = held
 	h.setFence(fence)
+	if h.acqDoubt {
+		// That acquire may still run, setting the lock's TTL again.
+		h.doubt = h.lk.ttl
+	}
 	h.proveLocked(sent, ttl)
 	h.mu.Unlock()
 	h.c.dog.schedule(h)
@@ -159,11 +164,18 @@ func (h *holding) passedIn(p *pass, now time.Time) {
 	h.turnEnd = p.turnEnd
 	h.contended = true
 	// Until the record lands the lock expires when the passer's would;
-	// once it runs, ttl after it: whichever comes first.
-	h.deadline, h.proofAt = p.deadline, now
-	h.doubtLocked(now, h.ttl)
+	// once it runs, ttl after it: whichever comes first. (Only the
+	// deadline: the record is not in doubt until one of its calls is.)
+	h.deadline, h.proofAt = minTime(p.deadline, validUntil(now, h.ttl)), now
 	h.mu.Unlock()
 	h.c.dog.schedule(h)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func (h *holding) setFence(f uint64) {
@@ -213,9 +225,7 @@ func (h *holding) doubted(sent time.Time, ttl time.Duration) {
 }
 
 func (h *holding) doubtLocked(sent time.Time, ttl time.Duration) {
-	if d := validUntil(sent, ttl); d.Before(h.deadline) {
-		h.deadline = d
-	}
+	h.deadline = minTime(h.deadline, validUntil(sent, ttl))
 	if h.doubt == 0 || ttl < h.doubt {
 		h.doubt = ttl
 	}
@@ -253,11 +263,12 @@ func (h *holding) end(to state, cause error) bool {
 	if to.final() {
 		h.cause = cause
 	}
-	cancel := h.cancel
-	h.mu.Unlock()
-	if cancel != nil && from.live() {
-		cancel(cause)
+	if h.cancel != nil && from.live() {
+		// Under h.mu: whoever sees the state not live sees the context
+		// ended too (Err never reports a live lease that is not).
+		h.cancel(cause)
 	}
+	h.mu.Unlock()
 	h.c.dog.remove(h)
 	if to == lost && from.live() {
 		h.c.cfg.logger.Warn("dlock: lease lost", "lock", h.lk.name, "fence", h.fence, "cause", cause)
