@@ -105,6 +105,7 @@ type Client struct {
 	locals  map[string]*local  // the locks this Client waits for, by lock key
 	byToken map[string]*waiter // waiters in line at Redis, by token (for hand-overs)
 	late    map[string]bool    // tokens whose hand-over was found before its message (expectHandOver)
+	seq     uint64             // default-mode waiters ever queued: the last one's arrival number
 }
 
 // New returns a Client over rdb: a go-redis v9 single-node, failover
@@ -168,6 +169,7 @@ func (c *Client) close() {
 	c.mu.Lock()
 	//lint:ignore SA2001 an empty critical section is the barrier
 	c.mu.Unlock()
+	c.dog.stop()
 	live := c.dog.drain()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.bg), 3*time.Second)
 	defer cancel()

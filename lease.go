@@ -219,13 +219,21 @@ func (h *holding) finish(ctx context.Context) error {
 		return nil
 	case closed:
 		return nameErr(h.lk.name, ErrClosed)
-	default:
+	default: // lost
+		if !tried {
+			// Its deadline may have passed while Redis still had it (renewals
+			// failed): give it back rather than leave it to its expiry.
+			_ = h.release(ctx)
+		}
 		return nameErr(h.lk.name, cause)
 	}
 }
 
 // release releases an ending holding at Redis.
 func (h *holding) release(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return nameErr(h.lk.name, fmt.Errorf("release: %w", err)) // not sent: the next attempt is the first
+	}
 	h.mu.Lock()
 	retry := !h.relSent.IsZero()
 	if !retry {
@@ -273,14 +281,16 @@ func (h *holding) awaitPass(ctx context.Context, p *pass) error {
 }
 
 // finishLater finishes an ending holding in the background, for an Unlock
-// whose ctx ended first: within the TTL (nothing renews the lock meanwhile).
+// whose ctx ended first. Nothing renews the lock meanwhile. It waits for
+// the request in flight about the holding, if any (every one of them ends:
+// a renewal or a pass record by the lease's deadline, an Extend with its
+// caller's ctx or the client's timeouts), then releases or passes the lock
+// within min(TTL, 5s).
 func (h *holding) finishLater() {
 	run := func() {
+		_ = h.beginOp(context.Background())
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(h.parent), min(h.lk.ttl, 5*time.Second))
 		defer cancel()
-		if h.beginOp(ctx) != nil {
-			return // the lock expires within its TTL
-		}
 		_ = h.finish(ctx)
 		h.endOp()
 	}

@@ -76,6 +76,7 @@ func (lk *lock) awaitSubscribed(ctx context.Context, lc *local) (bool, error) {
 func (lk *lock) inLine(ctx context.Context, h *holding, lc *local, w *waiter, subscribed bool) (*Lease, error) {
 	c := lk.c
 	var placed time.Time // when the last look that put us in line was sent
+	var seen uint64      // the fence of the holder that look found
 	inDoubt := false     // the last look's outcome is unknown
 	backoff := time.Millisecond
 	timer := time.NewTimer(time.Hour)
@@ -98,7 +99,7 @@ func (lk *lock) inLine(ctx context.Context, h *holding, lc *local, w *waiter, su
 			sleep, inDoubt = backoff, true
 			backoff = min(2*backoff, 500*time.Millisecond)
 		default:
-			placed, inDoubt, backoff = r.sent, false, time.Millisecond
+			placed, seen, inDoubt, backoff = r.sent, r.fence, false, time.Millisecond
 			// Look again when the holder's lease runs out, and keep our
 			// place alive meanwhile.
 			sleep = min(r.left, fairLiveness/3)
@@ -123,11 +124,12 @@ func (lk *lock) inLine(ctx context.Context, h *holding, lc *local, w *waiter, su
 		switch {
 		case m.pass != nil:
 			return lk.passedTo(ctx, h)
-		case m.fence != 0 && !placed.IsZero():
+		case m.fence > seen && !placed.IsZero():
 			return lk.handedOver(ctx, h, lc, m.fence, placed)
 		}
 		// A hand-over without a look that proved our place (only after
-		// errors): the next look finds the lock ours and dates it.
+		// errors), or older than the holder our last look found (a message
+		// that came late): the next look finds the lock ours, or not.
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -179,9 +181,10 @@ func (lk *lock) quit(ctx context.Context, h *holding, w *waiter, cause error) er
 		h.finishLater() // once the pass is recorded, pass it on or release it
 		return lk.stopped(ctx, cause)
 	}
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(lk.ttl, 5*time.Second))
-	_ = lk.proto.giveBack(lctx, lk, h.token)
-	cancel()
+	// Leave the line (and give back a lock handed over meanwhile) in the
+	// background: a server that does not answer must not hold the caller
+	// past its ctx.
+	lk.giveBackLater(ctx, h.token)
 	if permanent(cause) {
 		return lk.fail(ctx, cause)
 	}

@@ -140,16 +140,31 @@ func (lk *lock) try(ctx context.Context, n int64) (*Lease, error) {
 // firstLook is a Lock's attempt before it waits, without a place in line.
 // done: Lock returns (l, err); otherwise it goes on to wait.
 func (lk *lock) firstLook(ctx context.Context, h *holding) (l *Lease, err error, done bool) {
-	r, err := lk.attempt(ctx, h, false)
-	switch {
-	case err == nil && r.ok:
-		l, err = lk.obtained(ctx, h, r, nil)
-		return l, err, true
-	case err != nil && (ctx.Err() != nil || permanent(err)):
-		lk.abandon(ctx, h.token, err)
-		return nil, lk.fail(ctx, err), true
+	backoff := time.Millisecond
+	for {
+		r, err := lk.attempt(ctx, h, false)
+		switch {
+		case err == nil && r.ok:
+			l, err = lk.obtained(ctx, h, r, nil)
+			return l, err, true
+		case err == nil:
+			return nil, nil, false // held: wait for it
+		case ctx.Err() != nil || permanent(err):
+			lk.abandon(ctx, h.token, err)
+			return nil, lk.fail(ctx, err), true
+		}
+		// The outcome is unknown: the lock may be ours. Ask again with the
+		// same token before waiting, or this Client's own next waiter
+		// would wait for a lock that nobody renews or releases.
+		lk.c.cfg.logger.Debug("dlock: acquire failed, retrying", "lock", lk.name, "err", err)
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
 	}
-	return nil, nil, false
 }
 
 // look is the reply of one acquire.
@@ -173,6 +188,7 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 		}
 	})
 	if err != nil {
+		h.acqDoubt = true // it may yet run, with the lock's TTL
 		return r, lk.kindErr(err)
 	}
 	a, ok := v.([]any)
@@ -265,6 +281,12 @@ func (lk *lock) abandon(ctx context.Context, token string, err error) {
 	if err == nil || errors.Is(err, ErrForeignKey) || errors.Is(err, ErrInvalidArgument) {
 		return
 	}
+	lk.giveBackLater(ctx, token)
+}
+
+// giveBackLater leaves the line for token and releases the lock if it had
+// been handed to token, in the background, within min(TTL, 5s).
+func (lk *lock) giveBackLater(ctx context.Context, token string) {
 	release := func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(lk.ttl, 5*time.Second))
 		defer cancel()

@@ -15,7 +15,6 @@ type local struct {
 	lk    *lock
 	ready [2]<-chan struct{} // closed once each channel is subscribed
 	queue []*waiter          // default mode, in arrival order: only the head waits at Redis
-	seq   uint64             // default-mode waiters ever queued: the last one's seq
 	line  []*waiter          // waiters in the line at Redis
 	users int                // waiters registered
 }
@@ -24,7 +23,7 @@ type local struct {
 // except the channels, which it receives from alone.
 type waiter struct {
 	h      *holding
-	seq    uint64        // default mode: its arrival number, from 1
+	seq    uint64        // default mode: its arrival number in the Client, from 1
 	turn   chan struct{} // default mode: closed once it heads the queue
 	box    chan mail     // capacity 1: the lock was handed over or passed to it
 	look   chan struct{} // capacity 1: look at the lock again
@@ -65,8 +64,8 @@ func (c *Client) join(lk *lock, h *holding) (*local, *waiter) {
 	}
 	lc.users++
 	if !lk.fair {
-		lc.seq++
-		w.seq = lc.seq
+		c.seq++ // one count for the Client: a holder's turn outlives the books it came from
+		w.seq = c.seq
 		w.turn = make(chan struct{})
 		lc.queue = append(lc.queue, w)
 		if len(lc.queue) == 1 {
@@ -127,7 +126,8 @@ func remove(ws []*waiter, w *waiter) []*waiter {
 func (c *Client) asleep(lc *local, w *waiter, seen uint64) {
 	c.mu.Lock()
 	w.seen = seen
-	w.asleep = !lc.lk.fair && len(lc.queue) > 0 && lc.queue[0] == w
+	// Not with mail already in its box: a hand-over came during its look.
+	w.asleep = !lc.lk.fair && len(lc.queue) > 0 && lc.queue[0] == w && len(w.box) == 0
 	c.mu.Unlock()
 }
 
@@ -151,7 +151,7 @@ func (c *Client) awake(w *waiter) mail {
 func (c *Client) turnFrom(lc *local) uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return lc.seq
+	return c.seq
 }
 
 // passOn gives h's lock (being unlocked) to this Client's head waiter for
@@ -177,7 +177,7 @@ func (c *Client) passOn(h *holding) *pass {
 		return nil
 	}
 	w := lc.queue[0]
-	if !w.asleep || w.seq > h.turnEnd {
+	if !w.asleep || w.seq > h.turnEnd || len(w.box) != 0 {
 		return nil
 	}
 	p := &pass{from: h, to: w.h, fence: h.fence + 1, deadline: deadline, turnEnd: h.turnEnd, done: make(chan struct{})}

@@ -18,6 +18,8 @@ type watchdog struct {
 	mu      sync.Mutex
 	h       dueHeap
 	kick    chan struct{}
+	quit    chan struct{} // closed by stop
+	done    chan struct{} // closed when the loop has ended
 	started bool
 	wakeAt  time.Time // when the loop's timer fires; a due before it needs a kick
 }
@@ -28,7 +30,24 @@ var farFuture = time.Unix(1<<62, 0)
 // renewBatchMax bounds one renewal pipeline.
 const renewBatchMax = 1000
 
-func (d *watchdog) init() { d.kick = make(chan struct{}, 1) }
+func (d *watchdog) init() {
+	d.kick = make(chan struct{}, 1)
+	d.quit = make(chan struct{})
+	d.done = make(chan struct{})
+}
+
+// stop ends the loop and waits for it: from then on every live holding is
+// on the heap (the loop puts back each one it took off before it ends).
+func (d *watchdog) stop() {
+	d.mu.Lock()
+	started := d.started
+	d.started = true // no loop starts after this
+	d.mu.Unlock()
+	close(d.quit)
+	if started {
+		<-d.done
+	}
+}
 
 // schedule puts a live holding on the heap at its next due time, or takes
 // one that is not live off it. Every change of a holding's state or
@@ -58,8 +77,8 @@ func (d *watchdog) schedule(h *holding) {
 	start := !d.started
 	d.started = true
 	d.mu.Unlock()
-	if start {
-		h.c.goBg(h.c.watch)
+	if start && !h.c.goBg(h.c.watch) {
+		close(d.done) // closing: the loop never runs
 	}
 	if kick {
 		poke(d.kick)
@@ -88,13 +107,13 @@ func (d *watchdog) drain() []*holding {
 }
 
 // nextDue is when the watchdog must next look at h, and how much earlier it
-// may: a third of the proved TTL after the last proof for a renewing held lease
-// (a tenth after a renewal that failed), else its deadline. Called with
+// may: a third of the proved TTL after the last proof for a renewing held
+// lease (a tenth of it after a renewal that failed), else its deadline. Called with
 // h.mu held.
 func (h *holding) nextDue() (due time.Time, slack time.Duration) {
 	if h.st == held && h.lk.renew && !h.busy {
 		r := h.proofAt.Add(h.proofTTL / 3)
-		if t := h.tried.Add(h.ttl / 10); t.After(r) {
+		if t := h.tried.Add(h.proofTTL / 10); t.After(r) {
 			r = t
 		}
 		if r.Before(h.deadline) {
@@ -108,6 +127,7 @@ func (h *holding) nextDue() (due time.Time, slack time.Duration) {
 
 func (c *Client) watch() {
 	d := &c.dog
+	defer close(d.done)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -139,7 +159,10 @@ func (c *Client) watch() {
 		}
 		if len(batch) > 0 {
 			if !c.goBg(func() { c.renew(batch, ttls) }) {
-				return // closing
+				for _, h := range batch {
+					h.endOp() // closing: no renewal
+				}
+				return
 			}
 			if len(due) == renewBatchMax {
 				wait = 0
@@ -150,7 +173,7 @@ func (c *Client) watch() {
 		d.mu.Unlock()
 		timer.Reset(wait)
 		select {
-		case <-c.bg.Done():
+		case <-d.quit:
 			return
 		case <-d.kick:
 		case <-timer.C:
