@@ -106,6 +106,7 @@ type Client struct {
 	byToken map[string]*waiter // waiters in line at Redis, by token (for hand-overs)
 	late    map[string]bool    // tokens whose hand-over was found before its message (expectHandOver)
 	seq     uint64             // default-mode waiters ever queued: the last one's arrival number
+	heard   uint64             // hand-over messages delivered to a waiting waiter (for tests)
 }
 
 // New returns a Client over rdb: a go-redis v9 single-node, failover

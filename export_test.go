@@ -25,3 +25,12 @@ func Settled(l *Lease) bool {
 	defer h.mu.Unlock()
 	return h.st.final()
 }
+
+// HandOversHeard returns how many hand-over messages reached a waiter of c
+// that still waited for them: a waiter woken by message, not found by a
+// look of its own.
+func HandOversHeard(c *Client) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.heard
+}

@@ -206,6 +206,7 @@ func (c *Client) handOver(token string, fence uint64) {
 	w.asleep = false
 	select {
 	case w.box <- mail{fence: fence}:
+		c.heard++
 	default: // a pass came first: its record finds the lock not the passer's
 	}
 }
