@@ -240,3 +240,35 @@ func TestRetriedUnlockAfterLostReply(t *testing.T) {
 		}
 	}
 }
+
+// TestRenewsBeforeADoubtedShorterExtend: an Extend to a shorter TTL whose
+// reply is lost may have run (here it did): the lock then expires that TTL
+// after it was sent, before the renewal the last proof scheduled. The
+// watchdog must renew before that earlier deadline, not let the lease run
+// out while Redis would have renewed it.
+func TestRenewsBeforeADoubtedShorterExtend(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := faultyClient(t, s, faults.Rule{Script: "extend", Via: faults.Single, Kind: faults.LoseReply, Calls: []int{1}})
+	rdb := s.Client(t)
+	ctx := ctxT(t, 30*time.Second)
+	l, err := c.Mutex("doubted-extend", dlock.TTL(3*time.Second)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Extend(ctx, 300*time.Millisecond); err == nil {
+		t.Fatal("Extend with its reply lost returned nil")
+	}
+	// The lost Extend ran: without a renewal the key expires 300ms after
+	// it was sent. Past three of those, the lease must still be held, at
+	// Redis and by its holder.
+	time.Sleep(time.Second) // a time property: the lease outlives the doubted TTL
+	if err := l.Context().Err(); err != nil {
+		t.Fatalf("the lease ended: %v (%v)", err, context.Cause(l.Context()))
+	}
+	if o := rdb.HGet(ctx, "dlock:{doubted-extend}", "o").Val(); o != l.Token() {
+		t.Fatalf("owner at Redis is %q, want the holder", o)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -107,19 +107,22 @@ func (d *watchdog) drain() []*holding {
 }
 
 // nextDue is when the watchdog must next look at h, and how much earlier it
-// may: a third of the proved TTL after the last proof for a renewing held
-// lease (a tenth of it after a renewal that failed), else its deadline. Called with
-// h.mu held.
+// may: for a renewing held lease, a third of its validity after the last
+// proof (a tenth of it after a renewal that failed), else its deadline. Its
+// validity is the proved TTL, or less when a request of unknown outcome
+// (an Extend to a shorter TTL) may have moved the deadline closer. Called
+// with h.mu held.
 func (h *holding) nextDue() (due time.Time, slack time.Duration) {
 	if h.st == held && h.lk.renew && !h.busy {
-		r := h.proofAt.Add(h.proofTTL / 3)
-		if t := h.tried.Add(h.proofTTL / 10); t.After(r) {
+		valid := min(h.proofTTL, h.deadline.Sub(h.proofAt))
+		r := h.proofAt.Add(valid / 3)
+		if t := h.tried.Add(valid / 10); t.After(r) {
 			r = t
 		}
 		if r.Before(h.deadline) {
 			// Renewals come due a little early so that leases taken at
 			// nearly the same time share one pipeline.
-			return r, h.proofTTL / 12
+			return r, valid / 12
 		}
 	}
 	return h.deadline, 0
