@@ -136,6 +136,9 @@ func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent bool
 		}
 		return v, err
 	}
+	if c.ctxAware || ctx.Done() == nil {
+		return s.do(ctx, c.rdb, args) // as aside would, without making its closure
+	}
 	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.do(ctx, c.rdb, args) }, late)
 }
 
