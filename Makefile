@@ -3,7 +3,7 @@
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test vet bench demo redis-server
+.PHONY: test vet bench demo chaos redis-server
 
 # Tests start real redis-server processes; install Debian's when missing.
 redis-server:
@@ -19,6 +19,13 @@ vet:
 
 test: redis-server vet
 	$(GO) test -race -count=1 -timeout 12m ./...
+
+# chaos explores interleavings for longer than make test does: DLOCK_CHAOS
+# per run (default 10s), DLOCK_CHAOS_ROUNDS seeds per primitive (default 10);
+# a failure prints the command that replays its seed.
+chaos: redis-server
+	DLOCK_CHAOS=$${DLOCK_CHAOS:-10s} DLOCK_CHAOS_ROUNDS=$${DLOCK_CHAOS_ROUNDS:-10} \
+		$(GO) test -race -count=1 -timeout 90m -run '^TestInterleavings$$' .
 
 demo: redis-server
 	$(GO) run ./cmd/dlock market --duration 3s

@@ -34,3 +34,14 @@ func HandOversHeard(c *Client) uint64 {
 	defer c.mu.Unlock()
 	return c.heard
 }
+
+// Pending reports whether l was passed to its holder by another lease of
+// its Client and the pass is not yet recorded at Redis: Redis may still name
+// the passer's token. A lease is pending only from its grant until its
+// record lands, never again.
+func Pending(l *Lease) bool {
+	h := l.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.st == pending
+}

@@ -28,6 +28,12 @@
 // script calls pass untouched, and so does everything while the Injector
 // is disabled.
 //
+// Subscription faults (Config.Sub) are made at the connection instead, on
+// whatever the client's PubSub connections write: an SSUBSCRIBE written
+// late, refused by the server, or followed by the connection's close, and
+// an SUNSUBSCRIBE of a subscribed channel slipped in after a write, so that
+// the server ends that subscription behind the client's back.
+//
 // The Injector is safe for concurrent use.
 package faults
 
@@ -142,11 +148,14 @@ type Config struct {
 	Epoch time.Time
 	// EventLog is how many of the latest faults Events keeps. Default 4096.
 	EventLog int
+	// Sub decides faults on the client's sharded subscriptions.
+	Sub SubFaults
 }
 
 // An Injector injects the faults its rules decide. It is a redis.Hook.
 type Injector struct {
 	scripts  *Scripts
+	sub      SubFaults
 	maxDelay time.Duration
 	epoch    time.Time
 	enabled  atomic.Bool
@@ -179,6 +188,7 @@ func New(cfg Config) *Injector {
 	}
 	in := &Injector{
 		scripts:  cfg.Scripts,
+		sub:      cfg.Sub,
 		maxDelay: cfg.MaxDelay,
 		epoch:    cfg.Epoch,
 		rng:      rand.New(rand.NewPCG(cfg.Seed, 0x6661756c7473)),

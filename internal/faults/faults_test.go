@@ -345,3 +345,91 @@ func TestEngineScripts(t *testing.T) {
 		t.Fatalf("stats: %s", got)
 	}
 }
+
+// TestSubFaults: each subscription fault does at the server what it says.
+func TestSubFaults(t *testing.T) {
+	s := redistest.Start(t)
+	plain := s.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	subscribers := func(ch string) int64 {
+		t.Helper()
+		n, err := plain.PubSubShardNumSub(ctx, ch).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n[ch]
+	}
+	subscribe := func(t *testing.T, sub faults.SubFaults, ch string) (*faults.Injector, *redis.PubSub, error) {
+		in := faults.New(faults.Config{Seed: 1, Scripts: scripts(), Sub: sub})
+		rdb := s.Client(t)
+		rdb.AddHook(in)
+		ps := rdb.SSubscribe(ctx)
+		t.Cleanup(func() { _ = ps.Close() })
+		if err := ps.SSubscribe(ctx, ch); err != nil {
+			return in, ps, err
+		}
+		_, err := ps.ReceiveTimeout(ctx, 2*time.Second)
+		return in, ps, err
+	}
+	t.Run("none", func(t *testing.T) {
+		in, _, err := subscribe(t, faults.SubFaults{}, "c0")
+		if err != nil || subscribers("c0") != 1 || in.Summary() != "" {
+			t.Fatalf("err %v, %d subscribers, faults %q: want nil, 1, none", err, subscribers("c0"), in.Summary())
+		}
+	})
+	t.Run("refuse", func(t *testing.T) {
+		in, _, err := subscribe(t, faults.SubFaults{Refuse: 1}, "c1")
+		var rerr redis.Error
+		if !errors.As(err, &rerr) || !strings.Contains(err.Error(), "unknown command") {
+			t.Fatalf("confirmation: %v, want the server's unknown command error", err)
+		}
+		if n := subscribers("c1"); n != 0 || in.Stats()["sub refuse"] != 1 {
+			t.Fatalf("%d subscribers, faults %q: want 0 and one refusal", n, in.Summary())
+		}
+	})
+	t.Run("drop", func(t *testing.T) {
+		in, _, err := subscribe(t, faults.SubFaults{Drop: 1}, "c2")
+		if err == nil || in.Stats()["sub drop"] < 1 {
+			t.Fatalf("confirmation: %v, faults %q: want an error from a closed connection", err, in.Summary())
+		}
+		waitZero := time.Now().Add(5 * time.Second)
+		for subscribers("c2") != 0 && time.Now().Before(waitZero) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := subscribers("c2"); n != 0 {
+			t.Fatalf("%d subscribers after the drop, want 0", n)
+		}
+	})
+	t.Run("delay", func(t *testing.T) {
+		start := time.Now()
+		in, _, err := subscribe(t, faults.SubFaults{Delay: 1, MaxDelay: 300 * time.Millisecond}, "c3")
+		took := time.Since(start)
+		ev := in.Events(nil)
+		if err != nil || len(ev) != 1 || took < ev[0].Delay {
+			t.Fatalf("err %v, events %v, confirmed after %v: want one delay no longer than that", err, ev, took)
+		}
+	})
+	t.Run("unsubscribe", func(t *testing.T) {
+		_, ps, err := subscribe(t, faults.SubFaults{Unsubscribe: 1}, "c4")
+		if err != nil || subscribers("c4") != 1 {
+			t.Fatalf("err %v, %d subscribers: the SSUBSCRIBE itself must pass", err, subscribers("c4"))
+		}
+		if err := ps.Ping(ctx); err != nil { // the next write carries the unsubscribe
+			t.Fatal(err)
+		}
+		var got []string
+		for range 2 {
+			msg, err := ps.ReceiveTimeout(ctx, 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sub, ok := msg.(*redis.Subscription); ok {
+				got = append(got, sub.Kind+" "+sub.Channel)
+			}
+		}
+		if !slices.Contains(got, "sunsubscribe c4") || subscribers("c4") != 0 {
+			t.Fatalf("heard %q, %d subscribers: want the server's sunsubscribe c4 and none left", got, subscribers("c4"))
+		}
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"slices"
 	"syscall"
 	"time"
 
@@ -167,17 +168,54 @@ func (in *Injector) cutFor(b []byte) bool {
 }
 
 // faultConn is a client connection that an armed Cut closes right after the
-// write that carries its command.
+// write that carries its command, and on which subscription faults
+// (SubFaults) are made.
 type faultConn struct {
 	net.Conn
 	in *Injector
+
+	subs []string // channels this connection subscribed (a PubSub's: written by one goroutine)
 }
 
 func (c *faultConn) Write(b []byte) (int, error) {
+	if c.in.sub.any() {
+		return c.writeSub(b)
+	}
 	if c.in.armedN.Load() == 0 || !c.in.cutFor(b) {
 		return c.Conn.Write(b)
 	}
 	n, err := c.Conn.Write(b)
 	_ = c.Conn.Close()
 	return n, err
+}
+
+// writeSub writes b with the subscription faults the Injector decides.
+func (c *faultConn) writeSub(b []byte) (int, error) {
+	ch, isSub := subscribedChannel(b)
+	if !isSub && len(c.subs) == 0 {
+		return c.Conn.Write(b)
+	}
+	if gone, ok := unsubscribedChannel(b); ok {
+		c.subs = slices.DeleteFunc(c.subs, func(s string) bool { return s == gone })
+	}
+	f := c.in.decideSub(ch, isSub, c.subs)
+	if isSub && !f.refuse && !slices.Contains(c.subs, ch) {
+		c.subs = append(c.subs, ch)
+	}
+	time.Sleep(f.delay)
+	out := b
+	if f.refuse {
+		out = refused(b)
+	}
+	if f.unsub != "" {
+		out = append(slices.Clone(out), sunsubscribe(f.unsub)...)
+		c.subs = slices.DeleteFunc(c.subs, func(s string) bool { return s == f.unsub })
+	}
+	if _, err := c.Conn.Write(out); err != nil {
+		return 0, err
+	}
+	if f.drop {
+		_ = c.Conn.Close()
+	}
+	return len(b), nil
 }
