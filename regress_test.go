@@ -138,11 +138,16 @@ func TestRetriedPassRecordDatesFromFirstSend(t *testing.T) {
 }
 
 // TestRenewalInFlightWhileExtend (review defect 3): a renewal with the old
-// TTL is in flight (sent late) when Extend sets a longer one. The lease must
-// never be believed valid past its expiry at Redis, whichever lands last.
+// TTL is in flight (sent late) when Extend sets a longer one, and Extend's
+// reply comes back last. The lease must never be believed valid past its
+// expiry at Redis, whichever lands last: were the two not made one at a
+// time, the renewal would run last at Redis (the lock expiring 900ms after
+// it) and Extend's reply, applied last, would date the lease 30s on.
 func TestRenewalInFlightWhileExtend(t *testing.T) {
 	s := redistest.Start(t)
-	c, in := faultyClient(t, s, faults.Rule{Script: "extend", Via: faults.Batch, Kind: faults.DelaySend, Calls: []int{1}, Min: 300 * time.Millisecond, Max: 300 * time.Millisecond})
+	c, in := faultyClient(t, s,
+		faults.Rule{Script: "extend", Via: faults.Batch, Kind: faults.DelaySend, Calls: []int{1}, Min: 300 * time.Millisecond, Max: 300 * time.Millisecond},
+		faults.Rule{Script: "extend", Via: faults.Single, Kind: faults.DelayReply, Calls: []int{1}, Min: 600 * time.Millisecond, Max: 600 * time.Millisecond})
 	other, _ := newClient(t, s)
 	ctx := ctxT(t, 20*time.Second)
 	l, err := c.Mutex("extend-race", dlock.TTL(900*time.Millisecond)).Lock(ctx)
