@@ -388,7 +388,8 @@ func TestReviewSecondCloseReturnsEarly(t *testing.T) {
 	s.Pause() // the first Close's release waits for the server
 	first := make(chan struct{})
 	go func() { _ = c.Close(); close(first) }()
-	time.Sleep(100 * time.Millisecond)
+	// The first Close has ended the lease and is releasing it.
+	waitFor(t, ctx, "the first Close to end the lease", func() bool { return l.Context().Err() != nil })
 	time.AfterFunc(500*time.Millisecond, s.Resume) // within the first Close's window for releasing
 	_ = c.Close()
 	select {
