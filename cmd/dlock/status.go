@@ -368,6 +368,9 @@ func reportRedisErr(ctx context.Context, stderr io.Writer, cmd string, err error
 	case ctx.Err() != nil:
 		fmt.Fprintf(stderr, "%s: interrupted\n", cmd)
 		return exitInterrupted
+	case connectExitCode(err) == exitUsage:
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+		return exitUsage
 	case redisDown(err):
 		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 		return exitUnavailable
