@@ -30,9 +30,9 @@ const defaultRedisURL = "redis://127.0.0.1:6379"
 const redisPingTimeout = 5 * time.Second
 
 // redisURLHelp documents --redis in every command's flag list.
-const redisURLHelp = "Redis `URL`: redis://[user:pass@]host:port[/db], rediss:// (TLS), unix:///path.sock, " +
-	"redis+cluster://host:port?addr=host2:port2, redis+sentinel://host:port?master_name=NAME; " +
-	"default $DLOCK_REDIS_URL, then $REDIS_URL, then " + defaultRedisURL
+const redisURLHelp = "Redis `URL`: redis://[user:pass@]host:port[/db], rediss:// (TLS; ?skip_verify=true skips certificate checks), unix:///path.sock, " +
+	"redis+cluster://host:port?addr=host2:port2, redis+sentinel://host:port?master_name=NAME (user:pass@ authenticates to the sentinels; " +
+	"?password= to the master); default $DLOCK_REDIS_URL, then $REDIS_URL, then " + defaultRedisURL
 
 // redisTarget is a parsed server address: it makes clients and says where
 // they connect, for error messages.
