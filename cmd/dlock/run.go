@@ -340,7 +340,7 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, rdb redis.Univers
 	}
 	switch {
 	case errors.Is(err, dlock.ErrNotObtained):
-		fmt.Fprintf(stderr, "dlock run: lock %q is held elsewhere; not obtained (see dlock status %s)\n", f.name, f.name)
+		fmt.Fprintf(stderr, "dlock run: lock %q is held elsewhere; not obtained (see dlock status %s)\n", f.name, textSafe(f.name))
 		return nil, f.conflictCode
 	case errors.Is(err, context.DeadlineExceeded):
 		// The library waits through a Redis outage; it must not pass for a
@@ -349,7 +349,7 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, rdb redis.Univers
 			fmt.Fprintf(stderr, "dlock run: Redis at %s is unavailable; lock %q not obtained within %v: %v\n", f.target.display, f.name, f.wait, perr)
 			return nil, exitUnavailable
 		}
-		fmt.Fprintf(stderr, "dlock run: lock %q is held elsewhere; not obtained within %v (see dlock status %s)\n", f.name, f.wait, f.name)
+		fmt.Fprintf(stderr, "dlock run: lock %q is held elsewhere; not obtained within %v (see dlock status %s)\n", f.name, f.wait, textSafe(f.name))
 		return nil, f.conflictCode
 	case errors.Is(err, dlock.ErrInvalidArgument):
 		fmt.Fprintf(stderr, "dlock run: %v (see dlock run -h)\n", err)

@@ -108,7 +108,7 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		strconv.FormatInt(idle.Milliseconds(), 10), key, *token).Slice()
 	if err != nil {
 		if msg := err.Error(); strings.HasPrefix(msg, "DLOCK_FOREIGN") || strings.HasPrefix(msg, "WRONGTYPE") {
-			fmt.Fprintf(stderr, "dlock unlock: Redis key %q is not a dlock mutex; nothing removed (see dlock status %s)\n", key, name)
+			fmt.Fprintf(stderr, "dlock unlock: Redis key %q is not a dlock mutex; nothing removed (see dlock status %s)\n", key, textSafe(name))
 			return exitFailed
 		}
 		return reportRedisErr(ctx, stderr, "dlock unlock", err)
@@ -125,11 +125,11 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	case 1:
 		res.Removed = true
 		if !*fl.json {
-			fmt.Fprintf(stdout, "removed the holder of lock %q: token %s, fence %d; waiters notified\n", name, res.Token, res.Fence)
+			fmt.Fprintf(stdout, "removed the holder of lock %q: token %s, fence %d; waiters notified\n", name, textSafe(res.Token), res.Fence)
 		}
 	case 2:
 		code = exitFailed
-		fmt.Fprintf(stderr, "dlock unlock: lock %q is held by token %s (fence %d), not by --token %s; nothing removed\n", name, res.Token, res.Fence, *token)
+		fmt.Fprintf(stderr, "dlock unlock: lock %q is held by token %s (fence %d), not by --token %s; nothing removed\n", name, textSafe(res.Token), res.Fence, textSafe(*token))
 	default:
 		code = exitFailed
 		fmt.Fprintf(stderr, "dlock unlock: lock %q is not held; nothing removed\n", name)
