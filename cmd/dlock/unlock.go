@@ -31,8 +31,10 @@ const defaultIdle = 10 * time.Minute
 const unlockUsage = `Usage: dlock unlock --force NAME [flags]
 
 Removes the holder of the mutex NAME, for operators: the lock becomes free at
-once and waiting clients are woken, exactly as if the holder had released
-it. Prints the token and fence it removed.
+once and waiting clients are woken, as if the holder had released it, except
+that the lock is not handed straight to the first waiter of a --fair line
+(Fair waiters find it free at their next look). A key that is not a dlock
+mutex is left as it is. Prints the token and fence it removed.
 
 This is dangerous, hence --force: the holder may still be running. It finds
 out at its next renewal (within a third of its TTL; dlock run then stops
