@@ -223,6 +223,9 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 	if err := checkName(f.name); err != nil {
 		return f, false, err
 	}
+	if err := wire.CheckPrefix(f.prefix); err != nil {
+		return f, false, err
+	}
 	f.target, err = parseRedisTarget(resolveRedisURL(*redisURL))
 	return f, false, err
 }

@@ -114,6 +114,10 @@ func addInspectFlags(fs *flag.FlagSet) inspectFlags {
 // connect reaches the Redis server the flags name. On failure it reports
 // the error and returns the exit code (usage or unavailable) and no client.
 func (fl inspectFlags) connect(ctx context.Context, stderr io.Writer, cmd string) (redis.UniversalClient, int) {
+	if err := wire.CheckPrefix(*fl.prefix); err != nil {
+		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", cmd, err, cmd)
+		return nil, exitUsage
+	}
 	target, err := parseRedisTarget(resolveRedisURL(*fl.redisURL))
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", cmd, err, cmd)
