@@ -301,3 +301,91 @@ func TestRunCommandSignalState(t *testing.T) {
 		t.Errorf("exit %d; stderr %q", code, p.stderr)
 	}
 }
+
+// If the guard that leads COMMAND's group is itself killed, dlock kills
+// what is left of the group (its id is still reserved: dlock has not
+// reaped the guard) before it releases the lock.
+func TestRunGuardKilled(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	p := startDlock(t, s.Addr(), "run", "guard-killed", "--", "sh", "-c", `sleep 312 & echo $PPID $$ $!; wait`)
+	ps := pids(t, p.line())
+	if err := syscall.Kill(ps[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	p.end()
+	mustBeGone(t, "COMMAND and its child, after the guard was killed", ps[1:]...)
+	if st := lockState(t, s.Addr(), "guard-killed"); st != "free" {
+		t.Errorf("the lock is %s after dlock ended", st)
+	}
+}
+
+// A COMMAND that leaves the group (setsid) is still COMMAND: a lost lease
+// ends it too, SIGKILL after --kill-grace if it ignores SIGTERM.
+func TestRunLeaseLostCommandLeftGroup(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	rdb := s.Client(t)
+	p := startDlock(t, s.Addr(), "run", "--ttl", "1s", "--kill-grace", "300ms", "left-group", "--",
+		"setsid", "sh", "-c", `trap "" TERM; echo $$; exec sleep 313`)
+	cmd := pids(t, p.line())[0]
+	if f := procStat(cmd); len(f) < 4 || f[3] != strconv.Itoa(cmd) {
+		t.Fatalf("COMMAND (pid %d) did not lead a session of its own: %v", cmd, f)
+	}
+	if n := rdb.Del(t.Context(), "dlock:{left-group}").Val(); n != 1 {
+		t.Fatalf("DEL removed %d keys", n)
+	}
+	if code := p.exit(); code != exitLeaseLost {
+		t.Errorf("exit %d, want %d; stderr %q", code, exitLeaseLost, p.stderr)
+	}
+	mustBeGone(t, "COMMAND that left the group, after the lease was lost", cmd)
+}
+
+// A signal sent to dlock reaches COMMAND even when its whole group,
+// guard included, was stopped with SIGSTOP (which the guard cannot catch).
+func TestRunSignalsStoppedGroup(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	p := startDlock(t, s.Addr(), "run", "stopped-group", "--", "sh", "-c", `echo $PPID; exec sleep 314`)
+	guard := pids(t, p.line())[0]
+	if err := syscall.Kill(-guard, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(procTimeout)
+	for !stopped(guard) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the guard (pid %d) did not stop", guard)
+		}
+		time.Sleep(pollEvery)
+	}
+	p.signal(syscall.SIGTERM)
+	p.killedBy(syscall.SIGTERM)
+}
+
+// On a terminal, Ctrl-C after Ctrl-Z still ends COMMAND: the guard
+// continues the group when a terminating signal reaches it, as dlock does
+// after each signal it forwards.
+func TestRunCtrlCAfterCtrlZ(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	p := startOnPTY(t, s.Addr(), dlockBinary(t), "run", "ctrl-z", "--", "sh", "-c", `echo "pid $$"; exec sleep 315`)
+	p.waitFor("pid ", "")
+	var pid int
+	for _, l := range strings.Split(p.out.String(), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "pid" {
+			pid = pids(t, f[1])[0]
+		}
+	}
+	p.typeIn("\x1a") // Ctrl-Z
+	deadline := time.Now().Add(procTimeout)
+	for !stopped(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("COMMAND (pid %d) was not stopped by Ctrl-Z; terminal %q", pid, p.out)
+		}
+		time.Sleep(pollEvery)
+	}
+	p.typeIn("\x03") // Ctrl-C
+	if code := p.end(); code != 128+int(syscall.SIGINT) {
+		t.Errorf("exit %d, want %d; terminal %q", code, 128+int(syscall.SIGINT), p.out)
+	}
+}

@@ -122,9 +122,18 @@ func guardExecutable() (string, error) {
 	return os.Executable()
 }
 
-func (j *guardJob) signal(sig syscall.Signal) { _, _ = j.requests.Write([]byte{byte(sig)}) }
+func (j *guardJob) signal(sig syscall.Signal) { j.request(byte(sig)) }
 
-func (j *guardJob) stop() { _, _ = j.requests.Write([]byte{lostByte}) }
+func (j *guardJob) stop() { j.request(lostByte) }
+
+// request sends b to the guard, then continues the guard: one stopped with
+// its group (SIGSTOP cannot be caught) would not read it. Only the guard:
+// after a lost lease the rest of the group must not run again before it
+// is signalled. The guard is not reaped before wait, so its pid is ours.
+func (j *guardJob) request(b byte) {
+	_, _ = j.requests.Write([]byte{b})
+	_ = syscall.Kill(j.cmd.Process.Pid, syscall.SIGCONT)
+}
 
 func (j *guardJob) done() <-chan struct{} { return j.ended }
 
@@ -169,9 +178,9 @@ func resultOf(ws syscall.WaitStatus) jobResult {
 	return jobResult{code: ws.ExitStatus()}
 }
 
-// guardSignals are caught (and dropped) by the guard: signals to the whole
-// group (a terminal's Ctrl-C, Ctrl-\ and Ctrl-Z, dlock's forwarding) must
-// not end or stop it. They are caught rather than ignored so that COMMAND
+// guardSignals are caught by the guard: signals to the whole group (a
+// terminal's Ctrl-C, Ctrl-\ and Ctrl-Z, dlock's forwarding) must not end
+// or stop it. They are caught rather than ignored so that COMMAND
 // starts with them at their defaults: an ignored signal stays ignored
 // across exec.
 var guardSignals = []os.Signal{
@@ -210,10 +219,6 @@ func runGuard(args []string, stderr io.Writer) int {
 	g := &guard{pgid: os.Getpid(), report: report, leftovers: args[0], grace: grace}
 	caught := make(chan os.Signal, 16)
 	signal.Notify(caught, guardSignals...)
-	go func() {
-		for range caught {
-		}
-	}()
 	adoptOrphans()
 
 	reqs := make(chan byte)
@@ -264,6 +269,12 @@ func runGuard(args []string, stderr io.Writer) int {
 			}
 		case <-g.kill:
 			g.killAll()
+		case sig := <-caught:
+			// The group got it too (a terminal's Ctrl-C after Ctrl-Z, say):
+			// a stopped process acts on it only once continued.
+			if sig == syscall.SIGINT || sig == syscall.SIGTERM || sig == syscall.SIGHUP || sig == syscall.SIGQUIT {
+				_ = syscall.Kill(-g.pgid, syscall.SIGCONT)
+			}
 		}
 	}
 }
