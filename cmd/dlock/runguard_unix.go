@@ -13,7 +13,7 @@
 // COMMAND ended; the guard exits once nothing of the group is left to wait
 // for, and dlock releases the lock only then.
 //
-// The group's id is the guard's pid, so it cannot be reused (and a signal
+// The group's id is the guard's pid, so it cannot be reused (nor a signal
 // to the group reach a stranger) while the guard lives, nor afterwards
 // until dlock reaps it; COMMAND's own pid is the guard's to reap, so it is
 // safe to signal too, even if COMMAND left the group.
@@ -80,6 +80,9 @@ func startJob(f runFlags, env []string, stdout, stderr io.Writer, tty int) (job,
 	cmd.Env = env
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	cmd.ExtraFiles = []*os.File{reqR, repW}
+	// Output that is not a file is copied through pipes, which a process
+	// that left the group may hold open.
+	cmd.WaitDelay = time.Second
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if tty >= 0 {
 		cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, tty
@@ -209,11 +212,11 @@ func runGuard(args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 	grace, err := time.ParseDuration(args[1])
-	requests, report := os.NewFile(guardRequestFD, "requests"), os.NewFile(guardReportFD, "report")
-	if err != nil || requests == nil || report == nil || syscall.Getpgrp() != os.Getpid() {
+	if err != nil || !isPipe(guardRequestFD) || !isPipe(guardReportFD) || syscall.Getpgrp() != os.Getpid() {
 		fmt.Fprintf(stderr, "dlock: %s is started by dlock run only\n", guardCommand)
 		return exitUsage
 	}
+	requests, report := os.NewFile(guardRequestFD, "requests"), os.NewFile(guardReportFD, "report")
 	syscall.CloseOnExec(guardRequestFD) // COMMAND must not keep them open
 	syscall.CloseOnExec(guardReportFD)
 	g := &guard{pgid: os.Getpid(), report: report, leftovers: args[0], grace: grace}
@@ -305,6 +308,12 @@ func (g *guard) reap() (done bool) {
 			fmt.Fprintf(g.report, "x %d\n", int(ws))
 		}
 	}
+}
+
+// isPipe reports whether fd is open on a pipe.
+func isPipe(fd int) bool {
+	var st syscall.Stat_t
+	return syscall.Fstat(fd, &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFIFO
 }
 
 // signal sends sig to the group and to COMMAND, which may have left it.
