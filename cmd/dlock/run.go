@@ -187,10 +187,10 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 	fs.StringVar(&f.prefix, "prefix", "dlock:", "key `prefix` of the locks (the library's WithPrefix)")
 	fs.DurationVar(&f.ttl, "ttl", dlock.DefaultTTL, "lease length: how long the lock outlives a dlock that stops renewing it")
 	fs.Var(waitFlag{&f.wait}, "wait", "how long to wait for a held lock: 0, a `duration` such as 30s, or forever (default 0)")
-	fs.DurationVar(&f.killGrace, "kill-grace", 5*time.Second, "after a lost lease, time between SIGTERM and SIGKILL to COMMAND's group")
+	fs.DurationVar(&f.killGrace, "kill-grace", 5*time.Second, "time between SIGTERM and SIGKILL to COMMAND's group, after a lost lease or for what COMMAND leaves behind")
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", exitNotObtained, "exit `code` when the lock is not obtained")
 	fs.BoolVar(&f.fair, "fair", false, "first come, first served across all clients: wait in a line at Redis and be handed the lock in turn (the library's Fair)")
-	fs.StringVar(&f.leftovers, "leftovers", leftoversKill, "what COMMAND leaves running in its process group when it exits: `kill` it (SIGTERM, then SIGKILL after --kill-grace) or wait for it, keeping the lock (Linux)")
+	fs.StringVar(&f.leftovers, "leftovers", leftoversKill, "what to do, when COMMAND exits, with what it left running in its process group: `kill|wait` (kill: SIGTERM, then SIGKILL after --kill-grace; wait: keep the lock until it has exited, Linux)")
 	fs.BoolVar(&f.passRedisURL, "pass-redis-url", false, "pass $DLOCK_REDIS_URL to COMMAND even when it holds a password")
 	if err := fs.Parse(args); err != nil {
 		help, err := usageOrHelp(err, fs, runUsage, stdout)
