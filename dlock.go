@@ -241,6 +241,13 @@ func validName(name string) error {
 	return nil
 }
 
+func validPrefix(prefix string) error {
+	if err := wire.CheckPrefix(prefix); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	return nil
+}
+
 func validTTL(ttl time.Duration) error {
 	switch {
 	case ttl < time.Millisecond:

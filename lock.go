@@ -74,6 +74,8 @@ func (c *Client) initLock(l *lock, name, kind string, opts []LockOption) {
 	}
 	if err := validName(name); err != nil {
 		l.err = err
+	} else if err := validPrefix(c.cfg.prefix); err != nil {
+		l.err = err
 	} else if err := validTTL(cfg.ttl); err != nil {
 		l.err = err
 	}

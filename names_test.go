@@ -147,3 +147,28 @@ func TestNameBeginningWithBrace(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefixWithEmptyHashTag: a prefix whose first '{' is followed at once
+// by '}' gives every key an empty hash tag, so the keys of one lock would
+// not share a Cluster slot; such prefixes are refused, others (a '{' left
+// open, a non-empty tag) work.
+func TestPrefixWithEmptyHashTag(t *testing.T) {
+	s := redistest.Start(t)
+	ctx := ctxT(t, 5*time.Second)
+	for prefix, ok := range map[string]bool{"x{}": false, "{}": false, "a{}{b}": false, "a{": true, "a{b}:": true, "}{": true} {
+		c := dlock.New(s.Client(t), dlock.WithPrefix(prefix))
+		for _, p := range exclusives {
+			l, err := p.hold(c, p.kind)(ctx)
+			switch {
+			case ok && err != nil:
+				t.Errorf("prefix %q, %s: %v", prefix, p.kind, err)
+			case !ok && !errors.Is(err, dlock.ErrInvalidArgument):
+				t.Errorf("prefix %q, %s: %v, want ErrInvalidArgument", prefix, p.kind, err)
+			}
+			if l != nil {
+				_ = l.Unlock(ctx)
+			}
+		}
+		_ = c.Close()
+	}
+}

@@ -22,6 +22,8 @@ func defaultClientConfig() clientConfig {
 
 // WithPrefix sets the prefix of every Redis key and channel the Client uses.
 // Default "dlock:". Clients that must see each other's locks need the same prefix.
+// A prefix whose first '{' is followed at once by '}' is refused (locks
+// report ErrInvalidArgument): the keys of a lock would not share a Cluster slot.
 func WithPrefix(prefix string) Option { return func(c *clientConfig) { c.prefix = prefix } }
 
 // WithLogger sets the logger for background events (lost leases, renewal

@@ -43,9 +43,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// dlockBinary builds the command once per test run and returns its path.
+// dlockBinary builds the command once per test run and returns its path;
+// $DLOCK_TEST_BINARY names another binary to test instead (an older build,
+// to show that a new test fails on it).
 func dlockBinary(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("DLOCK_TEST_BINARY"); bin != "" {
+		return bin
+	}
 	binOnce.Do(func() {
 		if binDir, binErr = os.MkdirTemp("", "dlock-cli-test-"); binErr != nil {
 			return
@@ -119,17 +124,29 @@ func startDlock(t *testing.T, addr string, args ...string) *dlockProc {
 // The process is stopped when the test ends.
 func startDlockEnv(t *testing.T, env []string, args ...string) *dlockProc {
 	t.Helper()
+	return startDlockWith(t, func(c *exec.Cmd) { c.Env = append(c.Env, env...) }, args...)
+}
+
+// startDlockWith starts dlock with args after setup has adjusted the
+// command (its environment, or output files instead of the collecting
+// writers). dlock leads a session of its own, so that when the test ends
+// everything it started, even what outlived it, is killed with it.
+func startDlockWith(t *testing.T, setup func(*exec.Cmd), args ...string) *dlockProc {
+	t.Helper()
 	p := &dlockProc{t: t, args: args, stdout: newLineWriter(), stderr: newLineWriter(), done: make(chan struct{})}
 	p.cmd = exec.Command(dlockBinary(t), args...)
-	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Env = os.Environ()
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	// A grandchild that outlives dlock may hold the output pipes open.
 	p.cmd.WaitDelay = 5 * time.Second
+	p.cmd.SysProcAttr = sessionAttr()
+	setup(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
+		defer killSession(p.cmd.Process.Pid)
 		select {
 		case <-p.done:
 			return
@@ -168,6 +185,17 @@ func (p *dlockProc) line() string {
 // exit waits for dlock to exit and returns its exit code.
 func (p *dlockProc) exit() int {
 	p.t.Helper()
+	code, sig := p.end()
+	if sig != 0 {
+		p.t.Fatalf("dlock %q was killed by %v; stderr: %s", p.args, sig, p.stderr)
+	}
+	return code
+}
+
+// end waits for dlock to end and says how: its exit code, or the signal
+// that killed it (then code is -1).
+func (p *dlockProc) end() (code int, sig syscall.Signal) {
+	p.t.Helper()
 	select {
 	case <-p.done:
 	case <-time.After(procTimeout):
@@ -175,9 +203,17 @@ func (p *dlockProc) exit() int {
 	}
 	ps := p.cmd.ProcessState
 	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		p.t.Fatalf("dlock %q was killed by %v; stderr: %s", p.args, ws.Signal(), p.stderr)
+		return -1, ws.Signal()
 	}
-	return ps.ExitCode()
+	return ps.ExitCode(), 0
+}
+
+// killedBy fails unless dlock ends killed by sig.
+func (p *dlockProc) killedBy(sig syscall.Signal) {
+	p.t.Helper()
+	if code, got := p.end(); got != sig {
+		p.t.Errorf("dlock %q: exit %d, signal %v; want killed by %v; stderr: %s", p.args, code, got, sig, p.stderr)
+	}
 }
 
 // exited reports whether dlock has exited, without waiting.

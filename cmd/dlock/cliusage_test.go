@@ -7,6 +7,10 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/internal/redistest"
 )
 
 // dispatchLocal runs a command in this process (for errors found before any
@@ -155,5 +159,53 @@ func TestParseInterleaved(t *testing.T) {
 func TestGlobEscape(t *testing.T) {
 	if got := globEscape(`a*b?[c]\d:`); got != `a\*b\?\[c\]\\d:` {
 		t.Errorf("globEscape = %q", got)
+	}
+}
+
+// URLs that name no usable server are usage errors (64), not an
+// unreachable server (69) nor a silent database 0.
+func TestRedisURLUsageErrors(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	for _, u := range []string{
+		"redis://127.0.0.1:99999",
+		"redis://127.0.0.1:0",
+		"redis://" + s.Addr() + "/-1",
+		"redis://" + s.Addr() + "/99", // the server has 16 databases
+		"redis://" + s.Addr() + "?db=99",
+		"redis+cluster://127.0.0.1:1/3",
+		"redis+cluster://127.0.0.1:1?skip_verify=true", // no TLS to verify
+		"redis+cluster://127.0.0.1:1?addr=127.0.0.1:70000",
+		"redis+sentinel://127.0.0.1:99999?master_name=m",
+	} {
+		for _, c := range [][]string{{"status", "n"}, {"run", "n", "--", "true"}} {
+			args := append([]string{c[0], "--redis", u}, c[1:]...)
+			code, _, errOut := runDlock(t, s.Addr(), args...)
+			if code != exitUsage {
+				t.Errorf("dlock %q: exit %d, want %d; stderr %q", args, code, exitUsage, errOut)
+			}
+			oneLine(t, strings.Join(args, " "), errOut)
+		}
+	}
+}
+
+// skip_verify=true, which go-redis takes in rediss:// and
+// rediss+sentinel:// URLs, works in rediss+cluster:// URLs too.
+func TestClusterURLSkipVerify(t *testing.T) {
+	for u, want := range map[string]bool{
+		"rediss+cluster://127.0.0.1:1?skip_verify=true":  true,
+		"rediss+cluster://127.0.0.1:1?skip_verify=false": false,
+		"rediss+cluster://127.0.0.1:1?addr=127.0.0.1:2":  false,
+	} {
+		target, err := parseRedisTarget(u)
+		if err != nil {
+			t.Errorf("parseRedisTarget(%q): %v", u, err)
+			continue
+		}
+		c := target.newClient().(*redis.ClusterClient)
+		if got := c.Options().TLSConfig.InsecureSkipVerify; got != want {
+			t.Errorf("%s: InsecureSkipVerify %v, want %v", u, got, want)
+		}
+		_ = c.Close()
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -37,29 +36,6 @@ func marketPrivate(t *testing.T, tmp string) (p *dlockProc, serverPID int, dir s
 		t.Fatalf("directories of dlock market (pid %d) in TMPDIR: %v, want one", p.cmd.Process.Pid, dirs)
 	}
 	return p, serverPID, dirs[0]
-}
-
-// running reports whether pid is a live process (a zombie is not).
-func running(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	return len(f) > 0 && f[0] != "Z"
-}
-
-// gone waits, within procTimeout, until pid no longer runs.
-func gone(pid int) bool {
-	deadline := time.Now().Add(procTimeout)
-	for running(pid) {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(pollEvery)
-	}
-	return true
 }
 
 // TestMarketStoppedBySignal: SIGHUP (the terminal went away) and SIGTERM

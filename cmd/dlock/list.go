@@ -185,13 +185,13 @@ func writeList(w io.Writer, infos []lockInfo) {
 			fence = fmt.Sprint(i.Fence)
 		}
 		if i.Token != "" {
-			token = i.Token
+			token = textSafe(i.Token)
 		}
 		waiting := fmt.Sprint(i.WaitingClients)
 		if i.FairWaiters > 0 {
 			waiting += fmt.Sprintf(" (%d in line)", i.FairWaiters)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", i.Name, typ, i.State, fence, formatTTL(i.TTLMillis), waiting, token)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", textSafe(i.Name), typ, i.State, fence, formatTTL(i.TTLMillis), waiting, token)
 	}
 	_ = tw.Flush()
 }

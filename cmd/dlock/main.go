@@ -13,6 +13,9 @@
 //	64  usage error (EX_USAGE): bad flags or arguments, one line on stderr
 //	69  service unavailable (EX_UNAVAILABLE): Redis cannot be reached or started
 //	130 interrupted (SIGINT, SIGTERM or SIGHUP)
+//
+// dlock run, interrupted by SIGINT, SIGTERM or SIGHUP, ends killed by the
+// same signal (a shell reports 128+N).
 package main
 
 import (
@@ -58,6 +61,12 @@ func register(c command) {
 }
 
 func main() {
+	// A shell starts background jobs with SIGINT (and nohup SIGHUP)
+	// ignored; dlock must not end by one it was started ignoring.
+	startIgnored := map[syscall.Signal]bool{
+		syscall.SIGINT: signal.Ignored(syscall.SIGINT),
+		syscall.SIGHUP: signal.Ignored(syscall.SIGHUP),
+	}
 	// SIGHUP too (the terminal went away): by default it would end dlock
 	// without its deferred clean-up, leaving e.g. market's private server's
 	// directory behind.
@@ -70,7 +79,31 @@ func main() {
 	redis.SetLogger(quietLogger{})
 	code := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	if dieSignal != 0 && !startIgnored[dieSignal] {
+		raise(dieSignal, dieWithGroup)
+	}
 	os.Exit(code)
+}
+
+// dieSignal, when a command sets it (through dieOf), makes dlock end
+// killed by that signal once the command has returned and cleaned up,
+// instead of exiting with the command's code. With dieWithGroup, the
+// signal goes to dlock's whole process group (see superviseRun).
+var (
+	dieSignal    syscall.Signal
+	dieWithGroup bool
+)
+
+// dieOf asks for dlock to end killed by s, so that its caller sees it end
+// the way it was asked to (a shell leaves a loop only for a child killed by
+// SIGINT), and returns the exit code to use if s cannot be raised: 128+N,
+// or code for a signal that is not a syscall.Signal.
+func dieOf(s os.Signal, code int) int {
+	if ss, ok := s.(syscall.Signal); ok {
+		dieSignal = ss
+		return 128 + int(ss)
+	}
+	return code
 }
 
 // dispatch runs the command named by args[0].
@@ -83,6 +116,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	case "help", "-h", "-help", "--help":
 		usage(stdout)
 		return exitOK
+	case guardCommand:
+		return runGuard(args[1:], stderr)
 	}
 	c, ok := commands[args[0]]
 	if !ok {

@@ -151,7 +151,7 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	var opts *redis.Options
 	if f.redisURL != "" {
 		if opts, err = redis.ParseURL(f.redisURL); err != nil {
-			return usageErr(fmt.Errorf("--redis %q: %v", f.redisURL, err))
+			return usageErr(fmt.Errorf("--redis %q: %s", redactURL(f.redisURL), redactErr(err, f.redisURL)))
 		}
 	}
 	cfg.NewClient = func() redis.UniversalClient { return nil }

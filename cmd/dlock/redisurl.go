@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,14 +30,16 @@ const defaultRedisURL = "redis://127.0.0.1:6379"
 const redisPingTimeout = 5 * time.Second
 
 // redisURLHelp documents --redis in every command's flag list.
-const redisURLHelp = "Redis `URL`: redis://[user:pass@]host:port[/db], rediss:// (TLS), unix:///path.sock, " +
-	"redis+cluster://host:port?addr=host2:port2, redis+sentinel://host:port?master_name=NAME; " +
-	"default $DLOCK_REDIS_URL, then $REDIS_URL, then " + defaultRedisURL
+const redisURLHelp = "Redis `URL`: redis://[user:pass@]host:port[/db], rediss:// (TLS; ?skip_verify=true skips certificate checks), unix:///path.sock, " +
+	"redis+cluster://host:port?addr=host2:port2, redis+sentinel://host:port?master_name=NAME (user:pass@ authenticates to the sentinels; " +
+	"?password= to the master); default $DLOCK_REDIS_URL, then $REDIS_URL, then " + defaultRedisURL
 
 // redisTarget is a parsed server address: it makes clients and says where
 // they connect, for error messages.
 type redisTarget struct {
-	url       string
+	// display is the URL with its secrets replaced (redactURL): the only
+	// form in which a URL is ever printed.
+	display   string
 	newClient func() redis.UniversalClient
 }
 
@@ -54,63 +58,219 @@ func resolveRedisURL(flagValue string) string {
 // name one server; a "+cluster" or "+sentinel" suffix on the scheme
 // (redis+cluster://, rediss+sentinel://...) selects a Redis Cluster (seed
 // nodes in addr= parameters) or a Sentinel-managed master (sentinels in
-// addr=, the master in master_name=).
+// addr=, the master in master_name=). Errors never show the password.
 func parseRedisTarget(raw string) (*redisTarget, error) {
+	t := &redisTarget{display: redactURL(raw)}
+	bad := func(err error) error { return fmt.Errorf("--redis %q: %s", t.display, redactErr(err, raw)) }
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
-		return nil, fmt.Errorf("--redis %q: not a URL (want e.g. %s)", raw, defaultRedisURL)
+		return nil, fmt.Errorf("--redis %q: not a URL (want e.g. %s)", t.display, defaultRedisURL)
 	}
 	base, mode, _ := strings.Cut(scheme, "+")
 	plain := base + "://" + rest
-	t := &redisTarget{url: raw}
 	switch {
 	case mode == "" && (base == "redis" || base == "rediss" || base == "unix"):
 		o, err := redis.ParseURL(raw)
+		if err == nil && o.Network == "tcp" {
+			err = checkAddrs(o.Addr)
+		}
+		if err == nil {
+			err = checkDB(o.DB)
+		}
 		if err != nil {
-			return nil, fmt.Errorf("--redis %q: %v", raw, err)
+			return nil, bad(err)
 		}
 		o.DisableIdentity = true // Redis before 7.2 rejects CLIENT SETINFO
 		t.newClient = func() redis.UniversalClient { return redis.NewClient(o) }
 	case mode == "cluster" && (base == "redis" || base == "rediss"):
-		o, err := redis.ParseClusterURL(plain)
+		// go-redis's cluster URLs know no skip_verify (its other URLs do).
+		plain, skipVerify, err := cutSkipVerify(plain)
 		if err != nil {
-			return nil, fmt.Errorf("--redis %q: %v", raw, err)
+			return nil, bad(err)
+		}
+		o, err := redis.ParseClusterURL(plain)
+		if err == nil {
+			err = checkAddrs(o.Addrs...)
+		}
+		if err == nil {
+			if p := urlPath(plain); p != "" && p != "/" {
+				err = fmt.Errorf("a Cluster has only database 0; remove the path %q", p)
+			}
+		}
+		if err == nil && skipVerify {
+			if o.TLSConfig == nil {
+				err = errors.New("skip_verify applies to rediss+cluster:// (TLS) only")
+			} else {
+				o.TLSConfig.InsecureSkipVerify = true
+			}
+		}
+		if err != nil {
+			return nil, bad(err)
 		}
 		o.DisableIdentity = true
 		t.newClient = func() redis.UniversalClient { return redis.NewClusterClient(o) }
 	case mode == "sentinel" && (base == "redis" || base == "rediss"):
 		o, err := redis.ParseFailoverURL(plain)
-		if err != nil {
-			return nil, fmt.Errorf("--redis %q: %v", raw, err)
+		if err == nil {
+			err = checkAddrs(o.SentinelAddrs...)
 		}
-		if o.MasterName == "" {
-			return nil, fmt.Errorf("--redis %q: a Sentinel URL needs ?master_name=NAME", raw)
+		if err == nil {
+			err = checkDB(o.DB)
+		}
+		if err == nil && o.MasterName == "" {
+			err = errors.New("a Sentinel URL needs ?master_name=NAME")
+		}
+		if err != nil {
+			return nil, bad(err)
 		}
 		o.DisableIdentity = true
 		t.newClient = func() redis.UniversalClient { return redis.NewFailoverClient(o) }
 	default:
-		return nil, fmt.Errorf("--redis %q: unknown scheme %q (want redis, rediss, unix, redis+cluster or redis+sentinel)", raw, scheme)
+		return nil, fmt.Errorf("--redis %q: unknown scheme %q (want redis, rediss, unix, redis+cluster or redis+sentinel)", t.display, scheme)
 	}
 	return t, nil
 }
 
+// checkAddrs refuses a host:port whose port is not a TCP port, which would
+// otherwise surface as an unreachable server.
+func checkAddrs(addrs ...string) error {
+	for _, a := range addrs {
+		_, port, err := net.SplitHostPort(a)
+		if err != nil {
+			return err
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port %q is not a TCP port (1..65535)", port)
+		}
+	}
+	return nil
+}
+
+// checkDB refuses a negative database, which go-redis would take for 0.
+func checkDB(db int) error {
+	if db < 0 {
+		return fmt.Errorf("database %d is negative", db)
+	}
+	return nil
+}
+
+// urlPath returns the path of a URL, or "" if it has none.
+func urlPath(raw string) string {
+	_, rest, _ := strings.Cut(raw, "://")
+	rest, _, _ = strings.Cut(rest, "#")
+	rest, _, _ = strings.Cut(rest, "?")
+	if i := strings.IndexByte(rest, '/'); i >= 0 {
+		return rest[i:]
+	}
+	return ""
+}
+
+// cutSkipVerify removes the skip_verify parameter from a URL and returns
+// its value.
+func cutSkipVerify(raw string) (string, bool, error) {
+	head, query, ok := strings.Cut(raw, "?")
+	if !ok {
+		return raw, false, nil
+	}
+	var kept []string
+	skip := false
+	for _, kv := range strings.Split(query, "&") {
+		k, v, _ := strings.Cut(kv, "=")
+		if k != "skip_verify" {
+			kept = append(kept, kv)
+			continue
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return "", false, fmt.Errorf("skip_verify=%q is not true or false", v)
+		}
+		skip = b
+	}
+	if len(kept) == 0 {
+		return head, skip, nil
+	}
+	return head + "?" + strings.Join(kept, "&"), skip, nil
+}
+
+// redacted is what a secret is replaced with in everything dlock prints.
+const redacted = "xxxxx"
+
+// redactURL returns raw with its secrets replaced by redacted: the
+// password of the user information (as url.URL.Redacted does) and the
+// value of every query parameter whose name contains "password". It works
+// on text, so that a URL that does not parse is redacted too.
+func redactURL(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return raw
+	}
+	head, query, hasQuery := strings.Cut(rest, "?")
+	// The user information ends at the last '@' before the query, so that
+	// a password holding an unescaped '@' or '/' is redacted whole.
+	if at := strings.LastIndexByte(head, '@'); at >= 0 {
+		if user, _, hasPass := strings.Cut(head[:at], ":"); hasPass {
+			head = user + ":" + redacted + head[at:]
+		}
+	}
+	if !hasQuery {
+		return scheme + "://" + head
+	}
+	query, frag, hasFrag := strings.Cut(query, "#")
+	params := strings.Split(query, "&")
+	for i, kv := range params {
+		if k, _, ok := strings.Cut(kv, "="); ok && strings.Contains(strings.ToLower(k), "password") {
+			params[i] = k + "=" + redacted
+		}
+	}
+	out := scheme + "://" + head + "?" + strings.Join(params, "&")
+	if hasFrag {
+		out += "#" + frag
+	}
+	return out
+}
+
+// hasSecret reports whether the URL raw holds a password.
+func hasSecret(raw string) bool { return redactURL(raw) != raw }
+
+// redactErr is err's message with the URL raw, wherever it appears (a
+// *url.Error quotes it whole), in its redacted form.
+func redactErr(err error, raw string) string {
+	msg := err.Error()
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		msg = strings.ReplaceAll(msg, ue.URL, redactURL(ue.URL))
+	}
+	return strings.ReplaceAll(msg, raw, redactURL(raw))
+}
+
 // connect makes a client and checks within redisPingTimeout that the server
 // answers (any failure, refused connection or rejected password, is an
-// unreachableError: exit 69).
+// unreachableError: exit 69; a database the server does not have is a
+// badTargetError: exit 64).
 func (t *redisTarget) connect(ctx context.Context) (redis.UniversalClient, error) {
 	rdb := t.newClient()
 	pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		_ = rdb.Close()
-		return nil, &unreachableError{url: t.url, err: err}
+		if strings.Contains(err.Error(), "DB index is out of range") {
+			return nil, &badTargetError{url: t.display, err: err}
+		}
+		return nil, &unreachableError{url: t.display, err: err}
 	}
 	return rdb, nil
 }
 
+// pingWithin reports whether the server answers PING within d.
+func pingWithin(ctx context.Context, rdb redis.UniversalClient, d time.Duration) error {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	defer cancel()
+	return rdb.Ping(pctx).Err()
+}
+
 // unreachableError is a server that did not answer PING.
 type unreachableError struct {
-	url string
+	url string // redacted
 	err error
 }
 
@@ -119,6 +279,29 @@ func (e *unreachableError) Error() string {
 }
 
 func (e *unreachableError) Unwrap() error { return e.err }
+
+// badTargetError is a server that answers but refuses what the URL asks
+// of it: a usage error (exit 64).
+type badTargetError struct {
+	url string // redacted
+	err error
+}
+
+func (e *badTargetError) Error() string {
+	return fmt.Sprintf("--redis %q: %v", e.url, e.err)
+}
+
+func (e *badTargetError) Unwrap() error { return e.err }
+
+// connectExitCode is the exit code for an error of connect: usage (64) for
+// a badTargetError, else unavailable (69).
+func connectExitCode(err error) int {
+	var bt *badTargetError
+	if errors.As(err, &bt) {
+		return exitUsage
+	}
+	return exitUnavailable
+}
 
 // redisDown reports whether err looks like an unreachable server, a lost,
 // refused or timed-out connection (exit 69) rather than a reply from the

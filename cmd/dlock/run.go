@@ -6,13 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/wire"
@@ -27,7 +28,7 @@ func init() {
 }
 
 // Exit codes of "dlock run" besides the shared ones and the child's own
-// status; documented in runUsage and README-cli.md.
+// status; documented in runUsage and the README.
 const (
 	// exitNotObtained is EX_TEMPFAIL: the lock is held elsewhere and was
 	// not obtained within --wait. --conflict-exit-code replaces it.
@@ -45,6 +46,16 @@ const (
 	// runReleaseTimeout bounds the release at exit; a lock that cannot be
 	// released in time expires at its TTL.
 	runReleaseTimeout = 5 * time.Second
+	// runLostReleaseTimeout bounds the release after a lost lease: it only
+	// gives back a key that may still be ours, and nothing waits for it.
+	runLostReleaseTimeout = time.Second
+	// runCloseTimeout bounds the wait for the client's Close at exit, which
+	// waits for background releases: with Redis down they only run out
+	// their own bounds, and the lock expires at its TTL anyway.
+	runCloseTimeout = 500 * time.Millisecond
+	// runOutageCheckTimeout bounds the PING that tells, when --wait runs
+	// out, a lock held elsewhere from a server that stopped answering.
+	runOutageCheckTimeout = 2 * time.Second
 	// runSignalSettle is how long to wait for our own copy of a signal
 	// that main's handler saw first, to report the right code.
 	runSignalSettle = 100 * time.Millisecond
@@ -61,26 +72,39 @@ every dlock run (and every program using the dlock library) with the same
 NAME, prefix and Redis server excludes the others.
 
 The lock is a lease of --ttl that dlock renews every TTL/3 while COMMAND
-runs and releases when it exits. COMMAND gets three environment variables:
+runs and releases once nothing COMMAND started runs any more. COMMAND gets
+three environment variables:
 
   DLOCK_NAME   the lock name
   DLOCK_TOKEN  this holding's owner token (see dlock status, dlock unlock)
   DLOCK_FENCE  the fencing token: larger than that of every earlier holder
                of NAME; pass it to storage that can reject stale writers
 
-COMMAND runs in its own process group (on a terminal, the foreground
-group). SIGINT, SIGTERM and SIGHUP sent to dlock are forwarded to that
-group. If the lease is lost (deleted, force-unlocked, or Redis unreachable
-for longer than the TTL) COMMAND is no longer protected: dlock sends its
-group SIGTERM, then SIGKILL after --kill-grace, and exits 76. On Linux,
-COMMAND is also killed if dlock itself dies.
+and not a DLOCK_REDIS_URL that holds a password (--pass-redis-url).
+
+The lock covers COMMAND's process group, which a small dlock process leads
+(dlock __run-guard in ps). When COMMAND exits, what it left running in the
+group is stopped (SIGTERM, then SIGKILL after --kill-grace) before the lock
+is released; with --leftovers wait (Linux) the lock is kept until all of the
+group has exited, as flock(1) does. If the lease is lost (deleted,
+force-unlocked, or Redis unreachable for longer than the TTL) the whole
+group gets SIGTERM, then SIGKILL after --kill-grace, and dlock exits 76. If
+dlock itself dies, even of SIGKILL, the group is killed at once. A process
+that leaves the group (setsid, a shell's job control) is neither waited for
+nor stopped: it runs without the lock.
+
+SIGINT, SIGTERM and SIGHUP sent to dlock are forwarded to the group, then
+SIGCONT. If COMMAND dies of one of them, dlock releases the lock and dies of
+the same signal, so that a calling shell stops as it would for COMMAND. On
+a terminal, the group is made the foreground group (Linux).
 
 --wait chooses what happens when NAME is held elsewhere: 0 (the default)
-gives up at once, a duration such as 30s waits at most that long, forever
-waits until the lock is free or dlock is signalled. Waiting is woken by the
-holder's release, not polled. With --fair, waiters (dlock run --fair and
-library callers using Fair) take a place in a line at Redis and the release
-hands the lock to the first of them that is still alive, in arrival order.
+gives up after one attempt, a duration such as 30s waits at most that long,
+forever waits until the lock is free or dlock is signalled. Waiting is woken
+by the holder's release, not polled. With --fair, waiters (dlock run --fair
+and library callers using Fair) take a place in a line at Redis and the
+release hands the lock to the first of them that is still alive, in arrival
+order.
 
 Examples:
 
@@ -89,19 +113,22 @@ Examples:
   dlock run --fair --wait forever queue-worker -- ./drain-one.sh
   dlock run --wait forever --ttl 30s migrate -- sh -c 'migrate --fence "$DLOCK_FENCE"'
   dlock run --conflict-exit-code 0 cron-report -- ./report   # skip silently when busy
+  dlock run --leftovers wait build -- make -j8                 # keep the lock for stragglers
 
 Exit codes:
 
   COMMAND's status   when it ran and the lease held to the end
-  128+N              COMMAND was killed by signal N (e.g. 143 for SIGTERM)
+  128+N              COMMAND was killed by signal N (e.g. 137 for SIGKILL);
+                     for SIGINT, SIGTERM, SIGHUP dlock dies of N itself
   64                 usage error
-  69                 Redis cannot be reached
+  69                 Redis cannot be reached (also when it stopped
+                     answering while --wait ran out)
   75                 the lock is held elsewhere and was not obtained within
                      --wait (EX_TEMPFAIL; change with --conflict-exit-code)
-  76                 the lease was lost while COMMAND ran
+  76                 the lease was lost while COMMAND's group ran
   126, 127           COMMAND could not be run, or was not found
-  129, 130, 143      SIGHUP, SIGINT or SIGTERM arrived while waiting for the
-                     lock (COMMAND did not run)
+  129, 130, 143      dlock died of SIGHUP, SIGINT or SIGTERM while waiting
+                     for the lock (COMMAND did not run) or releasing it
   1                  any other error (e.g. the key holds something that is
                      not a dlock mutex)
 
@@ -118,6 +145,8 @@ type runFlags struct {
 	killGrace    time.Duration
 	conflictCode int
 	fair         bool
+	leftovers    string // leftoversKill or leftoversWait
+	passRedisURL bool
 	command      []string
 }
 
@@ -158,9 +187,11 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 	fs.StringVar(&f.prefix, "prefix", "dlock:", "key `prefix` of the locks (the library's WithPrefix)")
 	fs.DurationVar(&f.ttl, "ttl", dlock.DefaultTTL, "lease length: how long the lock outlives a dlock that stops renewing it")
 	fs.Var(waitFlag{&f.wait}, "wait", "how long to wait for a held lock: 0, a `duration` such as 30s, or forever (default 0)")
-	fs.DurationVar(&f.killGrace, "kill-grace", 5*time.Second, "after a lost lease, time between SIGTERM and SIGKILL to COMMAND's group")
+	fs.DurationVar(&f.killGrace, "kill-grace", 5*time.Second, "time between SIGTERM and SIGKILL to COMMAND's group, after a lost lease or for what COMMAND leaves behind")
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", exitNotObtained, "exit `code` when the lock is not obtained")
 	fs.BoolVar(&f.fair, "fair", false, "first come, first served across all clients: wait in a line at Redis and be handed the lock in turn (the library's Fair)")
+	fs.StringVar(&f.leftovers, "leftovers", leftoversKill, "what to do, when COMMAND exits, with what it left running in its process group: `kill|wait` (kill: SIGTERM, then SIGKILL after --kill-grace; wait: keep the lock until it has exited, Linux)")
+	fs.BoolVar(&f.passRedisURL, "pass-redis-url", false, "pass $DLOCK_REDIS_URL to COMMAND even when it holds a password")
 	if err := fs.Parse(args); err != nil {
 		help, err := usageOrHelp(err, fs, runUsage, stdout)
 		return f, help, err
@@ -184,8 +215,15 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 		return f, false, fmt.Errorf("--kill-grace %v is negative", f.killGrace)
 	case f.conflictCode < 0 || f.conflictCode > 255:
 		return f, false, fmt.Errorf("--conflict-exit-code %d is outside 0..255", f.conflictCode)
+	case f.leftovers != leftoversKill && f.leftovers != leftoversWait:
+		return f, false, fmt.Errorf("--leftovers %q: want kill or wait", f.leftovers)
+	case f.leftovers == leftoversWait && !canAdoptOrphans:
+		return f, false, errors.New("--leftovers wait needs Linux (a child subreaper) to know when the group has ended")
 	}
 	if err := checkName(f.name); err != nil {
+		return f, false, err
+	}
+	if err := wire.CheckPrefix(f.prefix); err != nil {
 		return f, false, err
 	}
 	f.target, err = parseRedisTarget(resolveRedisURL(*redisURL))
@@ -229,17 +267,16 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return exitInterrupted
 		}
 		fmt.Fprintf(stderr, "dlock run: %v\n", err)
-		return exitUnavailable
+		return connectExitCode(err)
 	}
-	defer rdb.Close()
 	client := dlock.New(rdb, dlock.WithPrefix(f.prefix))
-	defer client.Close()
+	defer closeWithin(runCloseTimeout, client.Close, rdb.Close)
 
 	opts := []dlock.LockOption{dlock.TTL(f.ttl)}
 	if f.fair {
 		opts = append(opts, dlock.Fair())
 	}
-	lease, code := acquireForRun(ctx, sigs, client.Mutex(f.name, opts...), f, stderr)
+	lease, code := acquireForRun(ctx, sigs, rdb, client.Mutex(f.name, opts...), f, stderr)
 	if lease == nil {
 		return code
 	}
@@ -248,7 +285,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // acquireForRun obtains the lock as --wait says. Without a lease it returns
 // the exit code, having said why on stderr.
-func acquireForRun(ctx context.Context, sigs <-chan os.Signal, m *dlock.Mutex, f runFlags, stderr io.Writer) (*dlock.Lease, int) {
+func acquireForRun(ctx context.Context, sigs <-chan os.Signal, rdb redis.UniversalClient, m *dlock.Mutex, f runFlags, stderr io.Writer) (*dlock.Lease, int) {
 	lctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var sig os.Signal
@@ -264,15 +301,18 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, m *dlock.Mutex, f
 
 	var lease *dlock.Lease
 	var err error
-	switch {
-	case f.wait == 0:
-		lease, err = m.TryLock(lctx)
-	case f.wait == waitForever:
+	if f.wait == waitForever {
 		lease, err = m.Lock(lctx)
-	default:
-		wctx, wcancel := context.WithTimeout(lctx, f.wait)
-		lease, err = m.Lock(wctx)
-		wcancel()
+	} else {
+		// The first attempt is not bounded by --wait, or a --wait shorter
+		// than one round trip would fail even on a free lock.
+		deadline := time.Now().Add(f.wait)
+		lease, err = m.TryLock(lctx)
+		if errors.Is(err, dlock.ErrNotObtained) && f.wait > 0 {
+			wctx, wcancel := context.WithDeadline(lctx, deadline)
+			lease, err = m.Lock(wctx)
+			wcancel()
+		}
 	}
 	close(stop)
 	<-watched
@@ -287,30 +327,38 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, m *dlock.Mutex, f
 		// Even if the lock came at the same moment, the user asked to stop
 		// before COMMAND started.
 		if lease != nil {
-			releaseLease(ctx, lease)
+			if _, again := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr); again != nil {
+				sig = again
+			}
 		}
-		code, why := exitInterrupted, "interrupted"
-		if s, ok := sig.(syscall.Signal); ok {
-			code, why = 128+int(s), "received "+sigName(s)
+		if sig == nil {
+			fmt.Fprintf(stderr, "dlock run: interrupted while waiting for lock %q; COMMAND not run\n", f.name)
+			return nil, exitInterrupted
 		}
-		fmt.Fprintf(stderr, "dlock run: %s while waiting for lock %q; COMMAND not run\n", why, f.name)
-		return nil, code
+		fmt.Fprintf(stderr, "dlock run: received %s while waiting for lock %q; COMMAND not run\n", sigName(sig), f.name)
+		return nil, dieOf(sig, exitInterrupted)
 	}
 	if err == nil {
 		return lease, exitOK
 	}
 	switch {
 	case errors.Is(err, dlock.ErrNotObtained):
-		fmt.Fprintf(stderr, "dlock run: lock %q is held elsewhere; not obtained (see dlock status %s)\n", f.name, f.name)
+		fmt.Fprintf(stderr, "dlock run: lock %q is held elsewhere; not obtained (see dlock status %s)\n", f.name, textSafe(f.name))
 		return nil, f.conflictCode
 	case errors.Is(err, context.DeadlineExceeded):
-		fmt.Fprintf(stderr, "dlock run: lock %q is held elsewhere; not obtained within %v (see dlock status %s)\n", f.name, f.wait, f.name)
+		// The library waits through a Redis outage; it must not pass for a
+		// lock held elsewhere (which --conflict-exit-code 0 would hide).
+		if perr := pingWithin(ctx, rdb, runOutageCheckTimeout); perr != nil {
+			fmt.Fprintf(stderr, "dlock run: Redis at %s is unavailable; lock %q not obtained within %v: %v\n", f.target.display, f.name, f.wait, perr)
+			return nil, exitUnavailable
+		}
+		fmt.Fprintf(stderr, "dlock run: lock %q is held elsewhere; not obtained within %v (see dlock status %s)\n", f.name, f.wait, textSafe(f.name))
 		return nil, f.conflictCode
 	case errors.Is(err, dlock.ErrInvalidArgument):
 		fmt.Fprintf(stderr, "dlock run: %v (see dlock run -h)\n", err)
 		return nil, exitUsage
 	case redisDown(err):
-		fmt.Fprintf(stderr, "dlock run: Redis at %s became unavailable: %v\n", f.target.url, err)
+		fmt.Fprintf(stderr, "dlock run: Redis at %s became unavailable: %v\n", f.target.display, err)
 		return nil, exitUnavailable
 	default:
 		fmt.Fprintf(stderr, "dlock run: %v\n", err)
@@ -318,100 +366,178 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, m *dlock.Mutex, f
 	}
 }
 
-// superviseRun runs COMMAND under lease, forwards signals to it, stops it if
-// the lease is lost, releases the lock and returns the exit code.
-func superviseRun(ctx context.Context, sigs <-chan os.Signal, lease *dlock.Lease, f runFlags, stdout, stderr io.Writer) int {
-	cmd := exec.Command(f.command[0], f.command[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	cmd.Env = append(os.Environ(),
-		"DLOCK_NAME="+f.name,
-		"DLOCK_TOKEN="+lease.Token(),
-		"DLOCK_FENCE="+strconv.FormatUint(lease.Fence(), 10))
-	attr, restoreTTY := runChildAttr()
-	cmd.SysProcAttr = attr
-	if err := cmd.Start(); err != nil {
-		releaseLease(ctx, lease)
-		code := exitCannotRun
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
-			code = exitNotFound
-		}
-		fmt.Fprintf(stderr, "dlock run: cannot run %s: %v\n", f.command[0], err)
-		return code
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+// job is COMMAND running under dlock run: on Unix a guard process leads
+// COMMAND's process group (runguard_unix.go).
+type job interface {
+	// signal forwards sig to everything COMMAND started that is still in
+	// its group, followed by SIGCONT.
+	signal(sig syscall.Signal)
+	// stop ends everything COMMAND started: SIGTERM, then SIGKILL after
+	// --kill-grace.
+	stop()
+	// done is closed once nothing COMMAND started is left to wait for.
+	done() <-chan struct{}
+	// wait, once done, returns how COMMAND ended.
+	wait() jobResult
+}
 
-	leaseCtx := lease.Context()
-	lost := leaseCtx.Done()
-	var kill <-chan time.Time
-	var killTimer *time.Timer
+// jobResult is how COMMAND ended: its status, or why it could not run.
+type jobResult struct {
+	code int            // the shell's view: exit status, or 128 + signal
+	sig  syscall.Signal // the signal that killed COMMAND, or 0
+	// startCode (126 or 127) and startErr: COMMAND could not be run.
+	startCode int
+	startErr  string
+}
+
+// Values of --leftovers.
+const (
+	leftoversKill = "kill"
+	leftoversWait = "wait"
+)
+
+// superviseRun runs COMMAND under lease, forwards signals to it, stops it if
+// the lease is lost, releases the lock once nothing COMMAND started runs
+// any more, and returns the exit code.
+func superviseRun(ctx context.Context, sigs <-chan os.Signal, lease *dlock.Lease, f runFlags, stdout, stderr io.Writer) int {
+	defer ignoreWhileRunning()()
+
+	tty, restoreTTY := foregroundTerminal()
+	j, err := startJob(f, commandEnv(f, lease), stdout, stderr, tty)
+	if err != nil {
+		restoreTTY()
+		fmt.Fprintf(stderr, "dlock run: cannot start %s: %v\n", f.command[0], err)
+		_, sig := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr)
+		return orSignal(exitCannotRun, sig)
+	}
+
+	lost := lease.Context().Done()
 	leaseLost := false
-	var waitErr error
+	var late os.Signal // a signal after the lease was lost: do not wait for the release
 wait:
 	for {
 		select {
-		case waitErr = <-exited:
+		case <-j.done():
 			break wait
 		case s := <-sigs:
 			if ss, ok := s.(syscall.Signal); ok {
-				_ = signalGroup(cmd.Process, ss)
+				j.signal(ss)
+			}
+			if leaseLost {
+				late = s
 			}
 		case <-lost:
 			// Whatever ended the lease (lost, or the client closing), COMMAND
-			// is no longer protected by the lock.
+			// is no longer protected by the lock. Stop it first: the line
+			// below may fail or block.
 			lost, leaseLost = nil, true
+			j.stop()
 			how := fmt.Sprintf("SIGTERM, then SIGKILL after %v", f.killGrace)
 			if f.killGrace == 0 {
 				how = "SIGKILL"
 			}
-			fmt.Fprintf(stderr, "dlock run: lost lock %q (fence %d): %v; stopping COMMAND (%s)\n",
-				f.name, lease.Fence(), context.Cause(leaseCtx), how)
-			if f.killGrace == 0 {
-				_ = signalGroup(cmd.Process, syscall.SIGKILL)
-			} else {
-				_ = signalGroup(cmd.Process, syscall.SIGTERM)
-				killTimer = time.NewTimer(f.killGrace)
-				kill = killTimer.C
-			}
-		case <-kill:
-			kill = nil
-			_ = signalGroup(cmd.Process, syscall.SIGKILL)
+			fmt.Fprintf(stderr, "dlock run: lost lock %q (fence %d): %v; stopping COMMAND and what it started (%s)\n",
+				f.name, lease.Fence(), context.Cause(lease.Context()), how)
 		}
 	}
-	if killTimer != nil {
-		killTimer.Stop()
-	}
+	res := j.wait()
 	restoreTTY()
 
-	code := exitFailed
-	if cmd.ProcessState != nil {
-		code = exitStatus(cmd.ProcessState)
-	} else if waitErr != nil {
-		fmt.Fprintf(stderr, "dlock run: waiting for COMMAND: %v\n", waitErr)
+	if res.startCode != 0 {
+		fmt.Fprintf(stderr, "dlock run: cannot run %s: %s\n", f.command[0], res.startErr)
+		_, sig := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr)
+		return orSignal(res.startCode, sig)
 	}
 	if leaseLost {
-		releaseLease(ctx, lease) // returns ErrLockLost; stops nothing else
-		return exitLeaseLost
+		if late != nil {
+			return dieOf(late, exitLeaseLost)
+		}
+		// Nothing is protected any more; the release only gives back a key
+		// that may still be ours, so it is not worth a long wait.
+		_, sig := releaseForRun(ctx, sigs, lease, runLostReleaseTimeout, f, stderr)
+		return orSignal(exitLeaseLost, sig)
 	}
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
-	defer cancel()
-	switch err := lease.Unlock(uctx); {
-	case err == nil:
-		return code
+	err, sig := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr)
+	switch {
+	case sig != nil:
+		return dieOf(sig, res.code)
 	case errors.Is(err, dlock.ErrLockLost):
-		fmt.Fprintf(stderr, "dlock run: lock %q (fence %d) was lost before COMMAND exited with status %d: %v\n", f.name, lease.Fence(), code, err)
+		fmt.Fprintf(stderr, "dlock run: lock %q (fence %d) was lost before COMMAND ended with status %d: %v\n", f.name, lease.Fence(), res.code, err)
 		return exitLeaseLost
-	default:
+	case err != nil:
 		fmt.Fprintf(stderr, "dlock run: releasing lock %q failed (it expires within %v): %v\n", f.name, f.ttl, err)
-		return code
+	}
+	if res.sig == syscall.SIGINT || res.sig == syscall.SIGTERM || res.sig == syscall.SIGHUP {
+		// COMMAND was interrupted: end the same way, so that a calling
+		// shell acts on it as it would on COMMAND's own end (bash leaves a
+		// loop only when its child died of SIGINT). The terminal's Ctrl-C
+		// went to COMMAND's group alone if dlock had handed it the
+		// terminal: pass it on to the group that had it (a calling script
+		// without job control, a pipeline), as the keyboard would have.
+		dieWithGroup = tty >= 0 && res.sig == syscall.SIGINT
+		return dieOf(res.sig, res.code)
+	}
+	return res.code
+}
+
+// commandEnv is COMMAND's environment: dlock's, with DLOCK_NAME,
+// DLOCK_TOKEN and DLOCK_FENCE, and without a DLOCK_REDIS_URL that holds a
+// password (unless --pass-redis-url): COMMAND is not told secrets it was
+// not given.
+func commandEnv(f runFlags, lease *dlock.Lease) []string {
+	env := make([]string, 0, len(os.Environ())+3)
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		if k == "DLOCK_REDIS_URL" && !f.passRedisURL && hasSecret(v) {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env,
+		"DLOCK_NAME="+f.name,
+		"DLOCK_TOKEN="+lease.Token(),
+		"DLOCK_FENCE="+strconv.FormatUint(lease.Fence(), 10))
+}
+
+// releaseForRun releases the lock within bound and returns the release's
+// error. A signal ends the wait (the lock then expires within its TTL) and
+// is returned.
+func releaseForRun(ctx context.Context, sigs <-chan os.Signal, lease *dlock.Lease, bound time.Duration, f runFlags, stderr io.Writer) (error, os.Signal) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+	defer cancel()
+	released := make(chan error, 1)
+	go func() { released <- lease.Unlock(uctx) }()
+	select {
+	case err := <-released:
+		return err, nil
+	case sig := <-sigs:
+		fmt.Fprintf(stderr, "dlock run: received %s while releasing lock %q; not waiting (it expires within %v)\n", sigName(sig), f.name, f.ttl)
+		return nil, sig
 	}
 }
 
-// releaseLease gives up a lease whose outcome no longer matters.
-func releaseLease(ctx context.Context, lease *dlock.Lease) {
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
-	defer cancel()
-	_ = lease.Unlock(uctx)
+// closeWithin calls each of closers in turn, waiting for them at most d.
+func closeWithin(d time.Duration, closers ...func() error) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, c := range closers {
+			_ = c()
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
+}
+
+// orSignal returns code, unless sig (a signal that ended the release) is
+// set: dlock then dies of it.
+func orSignal(code int, sig os.Signal) int {
+	if sig != nil {
+		return dieOf(sig, code)
+	}
+	return code
 }
 
 // sigName names the signals dlock run handles the way kill(1) does.

@@ -52,10 +52,8 @@ func TestRunRace(t *testing.T) {
 	if waiter.exited() {
 		t.Fatalf("the waiter exited while the lock was held: %s", waiter.stderr)
 	}
-	holder.signal(syscall.SIGTERM) // forwarded: sleep dies of it
-	if code := holder.exit(); code != 128+int(syscall.SIGTERM) {
-		t.Errorf("holder: exit %d, want %d (its COMMAND killed by SIGTERM); stderr %q", code, 128+int(syscall.SIGTERM), holder.stderr)
-	}
+	holder.signal(syscall.SIGTERM) // forwarded: sleep dies of it, and dlock as it did
+	holder.killedBy(syscall.SIGTERM)
 	if f2 := fenceOf(t, waiter.line()); f2 <= f1 {
 		t.Errorf("the waiter's fence %d is not above the first holder's %d", f2, f1)
 	}
@@ -97,9 +95,7 @@ func TestRunEnvironmentAndStatus(t *testing.T) {
 	}
 
 	p.signal(syscall.SIGINT)
-	if code := p.exit(); code != 128+int(syscall.SIGINT) {
-		t.Errorf("run after SIGINT: exit %d, want %d; stderr %q", code, 128+int(syscall.SIGINT), p.stderr)
-	}
+	p.killedBy(syscall.SIGINT)
 	code, out, _ = runDlock(t, s.Addr(), "status", "--json", "env-test")
 	st = lockInfo{}
 	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil {
@@ -207,7 +203,8 @@ func TestRunForwardsSignals(t *testing.T) {
 	}
 }
 
-// A signal while waiting for the lock aborts the wait: 128+N, COMMAND not run.
+// A signal while waiting for the lock aborts the wait: dlock dies of it,
+// COMMAND not run.
 func TestRunSignalWhileWaiting(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t)
@@ -218,9 +215,7 @@ func TestRunSignalWhileWaiting(t *testing.T) {
 		p := startDlock(t, s.Addr(), "run", "--wait", "forever", "busy", "--", "echo", "ran")
 		waitSubscribed(t, rdb, "dlock:{busy}", 1)
 		p.signal(sig)
-		if code := p.exit(); code != 128+int(sig) {
-			t.Errorf("%v while waiting: exit %d, want %d; stderr %q", sig, code, 128+int(sig), p.stderr)
-		}
+		p.killedBy(sig)
 		if out := p.stdout.String(); out != "" {
 			t.Errorf("%v while waiting: COMMAND ran: %q", sig, out)
 		}
@@ -266,9 +261,7 @@ func TestRunFair(t *testing.T) {
 	}
 
 	holder.signal(syscall.SIGTERM)
-	if code := holder.exit(); code != 128+int(syscall.SIGTERM) {
-		t.Errorf("holder: exit %d; stderr %q", code, holder.stderr)
-	}
+	holder.killedBy(syscall.SIGTERM)
 	f1, f2 := fenceOf(t, first.line()), fenceOf(t, second.line())
 	if f1 >= f2 {
 		t.Errorf("the first in line got fence %d, the second %d: not served in order", f1, f2)
@@ -278,4 +271,56 @@ func TestRunFair(t *testing.T) {
 			t.Errorf("waiter: exit %d; stderr %q", code, p.stderr)
 		}
 	}
+}
+
+// A --wait shorter than one round trip still makes one attempt: a free
+// lock is taken.
+func TestRunWaitShorterThanRoundTrip(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	if code, _, errOut := runDlock(t, s.Addr(), "run", "--wait", "1ns", "short-wait", "--", "true"); code != 0 {
+		t.Errorf("--wait 1ns on a free lock: exit %d; stderr %q", code, errOut)
+	}
+}
+
+// A Redis outage during a finite --wait is reported as Redis unavailable
+// (69), not as a lock held elsewhere, which --conflict-exit-code 0 would
+// hide.
+func TestRunRedisDownWhileWaiting(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	rdb := s.Client(t)
+	holder := startDlock(t, s.Addr(), "run", "--ttl", "30s", "outage", "--", "sh", "-c", `echo ready; exec sleep 308`)
+	holder.line()
+	p := startDlock(t, s.Addr(), "run", "--wait", "3s", "--conflict-exit-code", "0", "outage", "--", "echo", "ran")
+	waitSubscribed(t, rdb, "dlock:{outage}", 1)
+	s.Pause()
+	t.Cleanup(s.Resume)
+	if code := p.exit(); code != exitUnavailable {
+		t.Errorf("Redis paused during --wait: exit %d, want %d; stderr %q", code, exitUnavailable, p.stderr)
+	}
+	if strings.Contains(p.stdout.String(), "ran") {
+		t.Errorf("COMMAND ran")
+	}
+}
+
+// After a lost lease, with Redis not answering, a signal ends dlock at
+// once (it dies of it) instead of waiting for a release that cannot
+// happen.
+func TestRunSignalAfterLostLease(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	p := startDlock(t, s.Addr(), "run", "--ttl", "1s", "--kill-grace", "0s", "lost-then-signal", "--", "sh", "-c", `echo ready; exec sleep 309`)
+	p.line()
+	s.Pause()
+	t.Cleanup(s.Resume)
+	deadline := time.Now().Add(procTimeout)
+	for !strings.Contains(p.stderr.String(), "lost lock") {
+		if time.Now().After(deadline) || p.exited() {
+			t.Fatalf("no lost-lock line within %v; stderr %q", procTimeout, p.stderr)
+		}
+		time.Sleep(pollEvery)
+	}
+	p.signal(syscall.SIGTERM)
+	p.killedBy(syscall.SIGTERM)
 }

@@ -3,33 +3,40 @@
 package main
 
 import (
-	"os/signal"
+	"os"
 	"syscall"
 	"unsafe"
 )
 
-// runChildAttr returns the child's process attributes: its own process
-// group (so that a lost lease can end everything it started) killed with
-// dlock (see childAttr). When dlock runs in the foreground of the terminal
-// on its standard input, the child's group becomes the terminal's
-// foreground group instead, so that an interactive COMMAND can read the
-// terminal (a background group would be stopped by SIGTTIN) and gets the
-// terminal's Ctrl-C directly. restore gives the terminal back to dlock's
-// group once the child has exited.
-func runChildAttr() (attr *syscall.SysProcAttr, restore func()) {
-	attr = childAttr()
-	const stdin = 0
-	fg, err := tcgetpgrp(stdin)
-	if err != nil || fg != syscall.Getpgrp() {
-		return attr, func() {}
+// foregroundTerminal finds dlock's controlling terminal when dlock's
+// process group is the terminal's foreground group, so that COMMAND's
+// group can be made the foreground group instead: an interactive COMMAND
+// can then read the terminal (a background group would be stopped by
+// SIGTTIN while dlock holds the lock) and gets the terminal's Ctrl-C
+// directly. The terminal is looked for on fds 0, 1 and 2, then through
+// /dev/tty (echo | dlock run ... still has one). It returns the descriptor,
+// or -1, and restore, which gives the terminal back to dlock's group once
+// COMMAND's has ended (dlock ignores SIGTTOU meanwhile, or setting the
+// foreground group from the background would stop it).
+func foregroundTerminal() (fd int, restore func()) {
+	me := syscall.Getpgrp()
+	for _, fd := range []int{0, 1, 2} {
+		if pg, err := tcgetpgrp(fd); err == nil && pg == me {
+			return fd, func() { _ = tcsetpgrp(fd, me) }
+		}
 	}
-	attr.Foreground, attr.Ctty = true, stdin
-	return attr, func() {
-		// A background group that sets the foreground group gets SIGTTOU
-		// unless it ignores it.
-		signal.Ignore(syscall.SIGTTOU)
-		defer signal.Reset(syscall.SIGTTOU)
-		_ = tcsetpgrp(stdin, syscall.Getpgrp())
+	tty, err := os.OpenFile("/dev/tty", os.O_RDWR, 0)
+	if err != nil {
+		return -1, func() {}
+	}
+	fd = int(tty.Fd())
+	if pg, err := tcgetpgrp(fd); err != nil || pg != me {
+		_ = tty.Close()
+		return -1, func() {}
+	}
+	return fd, func() {
+		_ = tcsetpgrp(fd, me)
+		_ = tty.Close()
 	}
 }
 

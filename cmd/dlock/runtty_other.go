@@ -2,12 +2,7 @@
 
 package main
 
-import "syscall"
-
-// runChildAttr returns the child's process attributes: its own process
-// group where there are process groups (see childAttr). Handing the
-// terminal to the child is implemented on Linux only; elsewhere an
-// interactive COMMAND that reads the terminal is stopped (SIGTTIN).
-func runChildAttr() (attr *syscall.SysProcAttr, restore func()) {
-	return childAttr(), func() {}
-}
+// foregroundTerminal: handing the terminal to COMMAND is implemented on
+// Linux only; elsewhere an interactive COMMAND that reads the terminal is
+// stopped (SIGTTIN).
+func foregroundTerminal() (fd int, restore func()) { return -1, func() {} }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
@@ -112,6 +114,10 @@ func addInspectFlags(fs *flag.FlagSet) inspectFlags {
 // connect reaches the Redis server the flags name. On failure it reports
 // the error and returns the exit code (usage or unavailable) and no client.
 func (fl inspectFlags) connect(ctx context.Context, stderr io.Writer, cmd string) (redis.UniversalClient, int) {
+	if err := wire.CheckPrefix(*fl.prefix); err != nil {
+		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", cmd, err, cmd)
+		return nil, exitUsage
+	}
 	target, err := parseRedisTarget(resolveRedisURL(*fl.redisURL))
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", cmd, err, cmd)
@@ -291,8 +297,8 @@ func nameOfKey(prefix, key string) string {
 // writeStatus prints one lock as aligned "field value" lines.
 func writeStatus(w io.Writer, i lockInfo) {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "lock\t%s\n", i.Name)
-	fmt.Fprintf(tw, "key\t%s\n", i.Key)
+	fmt.Fprintf(tw, "lock\t%s\n", textSafe(i.Name))
+	fmt.Fprintf(tw, "key\t%s\n", textSafe(i.Key))
 	typ := i.Type
 	switch i.Type {
 	case "foreign":
@@ -303,7 +309,7 @@ func writeStatus(w io.Writer, i lockInfo) {
 	fmt.Fprintf(tw, "type\t%s\n", typ)
 	fmt.Fprintf(tw, "state\t%s\n", i.State)
 	if i.Token != "" {
-		fmt.Fprintf(tw, "token\t%s\n", i.Token)
+		fmt.Fprintf(tw, "token\t%s\n", textSafe(i.Token))
 	}
 	if i.Fence != 0 {
 		fmt.Fprintf(tw, "fence\t%d\n", i.Fence)
@@ -328,6 +334,20 @@ func writeStatus(w io.Writer, i lockInfo) {
 	}
 	fmt.Fprintf(tw, "waiting\t%s\n", waitingText(i))
 	_ = tw.Flush()
+}
+
+// textSafe returns s as it is if every character of it is printable (a
+// space included), else quoted with Go's escapes (strconv.Quote). Names,
+// keys and tokens come from Redis or the command line: a "\n" in them
+// would forge a line of output, and an escape sequence would reach the
+// terminal. JSON output escapes them by itself.
+func textSafe(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || (!unicode.IsPrint(r) && r != ' ') {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 // waitingText says who waits: clients subscribed, and the Fair line.
@@ -368,6 +388,9 @@ func reportRedisErr(ctx context.Context, stderr io.Writer, cmd string, err error
 	case ctx.Err() != nil:
 		fmt.Fprintf(stderr, "%s: interrupted\n", cmd)
 		return exitInterrupted
+	case connectExitCode(err) == exitUsage:
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+		return exitUsage
 	case redisDown(err):
 		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 		return exitUnavailable

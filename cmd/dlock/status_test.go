@@ -131,3 +131,68 @@ func TestStatusSemaphoreAndRWMutex(t *testing.T) {
 		t.Fatalf("status of a released rwmutex: exit %d\n%s", code, out)
 	}
 }
+
+// Names and tokens are data from Redis: in text output a control
+// character in them is escaped, so a name holding "\n" cannot forge a row
+// of dlock list and an escape sequence never reaches the terminal. JSON
+// keeps them exact.
+func TestTextOutputEscapesControlCharacters(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	rdb := s.Client(t)
+	c := dlock.New(rdb)
+	t.Cleanup(func() { _ = c.Close() })
+	evil := "evil\nforged   mutex  held  1  9s  0  FORGED"
+	red := "\x1b[31mred\x1b[0m"
+	for _, name := range []string{evil, red} {
+		if _, err := c.Mutex(name).TryLock(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	badToken := "tok\x1b]0;title\x07\nen"
+	rdb.HSet(t.Context(), "dlock:{tok}", "o", badToken, "f", "5")
+
+	clean := func(what, out string, lines int) {
+		t.Helper()
+		if strings.ContainsAny(out, "\x1b\x07") {
+			t.Errorf("%s: control characters reach the terminal: %q", what, out)
+		}
+		if n := strings.Count(strings.TrimSuffix(out, "\n"), "\n") + 1; lines > 0 && n != lines {
+			t.Errorf("%s: %d lines, want %d: %q", what, n, lines, out)
+		}
+	}
+	code, out, errOut := runDlock(t, s.Addr(), "list")
+	if code != 0 {
+		t.Fatalf("list: exit %d; %s", code, errOut)
+	}
+	clean("list", out, 4) // the header and three locks
+	if strings.Contains(out, "\nforged") {
+		t.Errorf("list: a name forged a row: %q", out)
+	}
+	for _, name := range []string{evil, red, "tok"} {
+		code, out, errOut := runDlock(t, s.Addr(), "status", name)
+		if code != 0 {
+			t.Fatalf("status %q: exit %d; %s", name, code, errOut)
+		}
+		clean("status "+name, out, 0)
+		if strings.Contains(out, "\nforged") || strings.Contains(out, "\nen") {
+			t.Errorf("status %q: a name or token forged a line: %q", name, out)
+		}
+	}
+	code, out, errOut = runDlock(t, s.Addr(), "unlock", "--force", "--token", "other\x1b[2J", "tok")
+	clean("unlock --token (refused)", out+errOut, 1)
+	code, out, errOut = runDlock(t, s.Addr(), "unlock", "--force", "tok")
+	if code != 0 {
+		t.Fatalf("unlock: exit %d; %s", code, errOut)
+	}
+	clean("unlock", out+errOut, 1)
+
+	infos, _ := listJSON(t, s.Addr())
+	got := map[string]bool{}
+	for _, i := range infos {
+		got[i.Name] = true
+	}
+	if !got[evil] || !got[red] {
+		t.Errorf("list --json does not keep names exact: %q", names(infos))
+	}
+}

@@ -31,8 +31,10 @@ const defaultIdle = 10 * time.Minute
 const unlockUsage = `Usage: dlock unlock --force NAME [flags]
 
 Removes the holder of the mutex NAME, for operators: the lock becomes free at
-once and waiting clients are woken, exactly as if the holder had released
-it. Prints the token and fence it removed.
+once and waiting clients are woken, as if the holder had released it, except
+that the lock is not handed straight to the first waiter of a --fair line
+(Fair waiters find it free at their next look). A key that is not a dlock
+mutex is left as it is. Prints the token and fence it removed.
 
 This is dangerous, hence --force: the holder may still be running. It finds
 out at its next renewal (within a third of its TTL; dlock run then stops
@@ -108,7 +110,7 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		strconv.FormatInt(idle.Milliseconds(), 10), key, *token).Slice()
 	if err != nil {
 		if msg := err.Error(); strings.HasPrefix(msg, "DLOCK_FOREIGN") || strings.HasPrefix(msg, "WRONGTYPE") {
-			fmt.Fprintf(stderr, "dlock unlock: Redis key %q is not a dlock mutex; nothing removed (see dlock status %s)\n", key, name)
+			fmt.Fprintf(stderr, "dlock unlock: Redis key %q is not a dlock mutex; nothing removed (see dlock status %s)\n", key, textSafe(name))
 			return exitFailed
 		}
 		return reportRedisErr(ctx, stderr, "dlock unlock", err)
@@ -125,11 +127,11 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	case 1:
 		res.Removed = true
 		if !*fl.json {
-			fmt.Fprintf(stdout, "removed the holder of lock %q: token %s, fence %d; waiters notified\n", name, res.Token, res.Fence)
+			fmt.Fprintf(stdout, "removed the holder of lock %q: token %s, fence %d; waiters notified\n", name, textSafe(res.Token), res.Fence)
 		}
 	case 2:
 		code = exitFailed
-		fmt.Fprintf(stderr, "dlock unlock: lock %q is held by token %s (fence %d), not by --token %s; nothing removed\n", name, res.Token, res.Fence, *token)
+		fmt.Fprintf(stderr, "dlock unlock: lock %q is held by token %s (fence %d), not by --token %s; nothing removed\n", name, textSafe(res.Token), res.Fence, textSafe(*token))
 	default:
 		code = exitFailed
 		fmt.Fprintf(stderr, "dlock unlock: lock %q is not held; nothing removed\n", name)

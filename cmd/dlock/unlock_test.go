@@ -104,3 +104,27 @@ func TestUnlockForceReportsLossToHolder(t *testing.T) {
 		t.Fatalf("removed holder's Unlock: %v, want ErrLockLost", err)
 	}
 }
+
+// unlock --force checks the whole hash before it writes: a hash whose
+// fence is not a number is not a dlock mutex, and is left exactly as it
+// was (a script that fails after a write keeps that write).
+func TestUnlockForceLeavesForeignHashAlone(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	rdb := s.Client(t)
+	for _, f := range []string{"not-a-number", "1.5", "-3", ""} {
+		rdb.Del(t.Context(), "dlock:{odd}")
+		rdb.HSet(t.Context(), "dlock:{odd}", "o", "someone", "f", f)
+		code, _, errOut := runDlock(t, s.Addr(), "unlock", "--force", "odd")
+		if code != exitFailed || !strings.Contains(errOut, "not a dlock mutex") {
+			t.Errorf("fence %q: exit %d, stderr %q; want %d and not a dlock mutex", f, code, errOut, exitFailed)
+		}
+		got := rdb.HGetAll(t.Context(), "dlock:{odd}").Val()
+		if len(got) != 2 || got["o"] != "someone" || got["f"] != f {
+			t.Errorf("fence %q: the hash became %v", f, got)
+		}
+		if ttl := rdb.PTTL(t.Context(), "dlock:{odd}").Val(); ttl != -1 {
+			t.Errorf("fence %q: the hash got an expiry (%v)", f, ttl)
+		}
+	}
+}

@@ -36,6 +36,18 @@ func CheckName(name string) error {
 	return nil
 }
 
+// CheckPrefix reports why prefix cannot be a key prefix, or nil: if its
+// first '{' is followed at once by '}', every key PREFIX{NAME}... would
+// have an empty hash tag, and the keys of one lock would land in different
+// Cluster slots. (Any other prefix keeps the keys of a name together: its
+// hash tag ends before the suffixes, which follow the name's own '}'.)
+func CheckPrefix(prefix string) error {
+	if i := strings.IndexByte(prefix, '{'); i >= 0 && strings.HasPrefix(prefix[i+1:], "}") {
+		return fmt.Errorf("key prefix %q holds an empty hash tag \"{}\": the Redis keys of a lock would not share a Cluster slot", prefix)
+	}
+	return nil
+}
+
 // Keys are the Redis keys of one lock name. Every one of them, and every
 // channel of the lock, has NAME as its hash tag, so they share a slot.
 type Keys struct {

@@ -1,5 +1,6 @@
--- unlock.lua: "dlock unlock --force": remove a mutex's holder, as a release
--- by that holder would, for operators.
+-- force_unlock.lua: "dlock unlock --force": remove a mutex's holder, for
+-- operators, as a release by that holder would except that it hands nothing
+-- to the Fair line (Fair waiters take the lock at their next look).
 -- KEYS[1]  the lock hash: o = owner token, f = last fence (docs/PROTOCOL.md)
 -- ARGV[1]  idle period in milliseconds: how long the fence counter outlives
 --          the holder (as in release.lua)
@@ -19,6 +20,10 @@ if not h[2] then
   if redis.call('EXISTS', key) == 1 then return redis.error_reply('DLOCK_FOREIGN hash') end
   return {0, ''}
 end
+-- Everything is checked before the first write: a script that fails
+-- after a write keeps it, and a key that is not a dlock mutex is never
+-- modified.
+if not string.match(h[2], '^%d+$') then return redis.error_reply('DLOCK_FOREIGN hash') end
 if not h[1] then return {0, h[2]} end
 if ARGV[3] ~= '' and h[1] ~= ARGV[3] then return {2, h[1], h[2]} end
 redis.call('HDEL', key, 'o')
