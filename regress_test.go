@@ -175,7 +175,7 @@ func TestRenewalInFlightWhileExtend(t *testing.T) {
 // a waiter is unlocked at once with a ctx that has already ended (defer
 // l.Unlock(reqCtx) after the request), while its record is still in
 // flight. The lock must be released once the record lands, not renewed
-// forever.
+// forever, nor left to its TTL.
 func TestUnlockWithEndedCtxOfAPassedLease(t *testing.T) {
 	s := redistest.Start(t)
 	plain, _ := newClient(t, s)
@@ -184,7 +184,9 @@ func TestUnlockWithEndedCtxOfAPassedLease(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 	for round := 0; round < 8; round++ {
 		name := "ended-" + string(rune('a'+round))
-		a, passed := inTurn(t, ctx, []*dlock.Client{plain, c}, rdb, name, dlock.TTL(300*time.Millisecond))
+		// A TTL longer than waitFor's bound: a lock that nothing released
+		// would still be held when the check below gives up.
+		a, passed := inTurn(t, ctx, []*dlock.Client{plain, c}, rdb, name, dlock.TTL(30*time.Second))
 		go func() { _ = a.Unlock(ctx) }()
 		w := <-passed
 		if w == nil {
