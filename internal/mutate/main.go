@@ -11,6 +11,7 @@
 //	go run ./internal/mutate            # make mutate
 //	go run ./internal/mutate -run pass  # the mutants whose id matches
 //	go run ./internal/mutate -check     # the list only: no tests run
+//	go run ./internal/mutate -all       # every cited test, to see which notice
 //
 // Mutants run one at a time by default: many of the tests bound how long
 // something takes, and two runs at once on a small machine would stretch
@@ -32,39 +33,50 @@ import (
 	"time"
 )
 
+// options are the command's flags.
+type options struct {
+	list, safety, only string
+	par                int
+	timeout            time.Duration
+	check, baseline    bool
+	verbose, keep, all bool
+}
+
 func main() {
-	list := flag.String("list", "internal/mutate/mutants.txt", "the mutant list, relative to the repository root")
-	safety := flag.String("safety", "docs/SAFETY.md", "the guarantees the mutants map to, relative to the repository root")
-	only := flag.String("run", "", "run only the mutants whose id matches this regex")
-	par := flag.Int("p", 1, "mutants run at once")
-	timeout := flag.Duration("timeout", 3*time.Minute, "go test -timeout of each run, unless the mutant sets its own")
-	check := flag.Bool("check", false, "check the list against the tree and docs/SAFETY.md, run nothing")
-	base := flag.Bool("baseline", true, "first check that every cited test exists and passes on the unmutated tree")
-	verbose := flag.Bool("v", false, "print the go test output of every mutant not killed")
-	keep := flag.Bool("keep", false, "keep the mutated trees (their paths are printed)")
+	var o options
+	flag.StringVar(&o.list, "list", "internal/mutate/mutants.txt", "the mutant list, relative to the repository root")
+	flag.StringVar(&o.safety, "safety", "docs/SAFETY.md", "the guarantees the mutants map to, relative to the repository root")
+	flag.StringVar(&o.only, "run", "", "run only the mutants whose id matches this regex")
+	flag.IntVar(&o.par, "p", 1, "mutants run at once")
+	flag.DurationVar(&o.timeout, "timeout", 3*time.Minute, "go test -timeout of each run, unless the mutant sets its own")
+	flag.BoolVar(&o.check, "check", false, "check the list against the tree and docs/SAFETY.md, run nothing")
+	flag.BoolVar(&o.baseline, "baseline", true, "first check that every cited test exists and passes on the unmutated tree")
+	flag.BoolVar(&o.verbose, "v", false, "print the go test output of every mutant not killed")
+	flag.BoolVar(&o.keep, "keep", false, "keep the mutated trees (their paths are printed)")
+	flag.BoolVar(&o.all, "all", false, "run every test a mutant cites, not only until one fails (to see which notice)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	os.Exit(run(ctx, *list, *safety, *only, *par, *timeout, *check, *base, *verbose, *keep))
+	os.Exit(run(ctx, o))
 }
 
-func run(ctx context.Context, list, safety, only string, par int, timeout time.Duration, check, base, verbose, keep bool) int {
+func run(ctx context.Context, o options) int {
 	start := time.Now()
 	t, err := openTree()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "mutate:", err)
 		return 2
 	}
-	t.keep = keep
-	ms, errs := load(t, list, safety)
+	t.keep, t.all = o.keep, o.all
+	ms, errs := load(t, o.list, o.safety)
 	for _, e := range errs {
 		fmt.Fprintln(os.Stderr, "mutate:", e)
 	}
 	if ms == nil {
 		return 2
 	}
-	if only != "" {
-		re, err := regexp.Compile(only)
+	if o.only != "" {
+		re, err := regexp.Compile(o.only)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "mutate: -run:", err)
 			return 2
@@ -80,11 +92,11 @@ func run(ctx context.Context, list, safety, only string, par int, timeout time.D
 	stale := 0
 	for _, m := range ms {
 		if _, err := Apply(m, t.read); err != nil {
-			fmt.Fprintf(os.Stderr, "mutate: mutant %s (%s line %d): %v\n", m.ID, list, m.Line, err)
+			fmt.Fprintf(os.Stderr, "mutate: mutant %s (%s line %d): %v\n", m.ID, o.list, m.Line, err)
 			stale++
 		}
 	}
-	if check {
+	if o.check {
 		fmt.Printf("%d mutants, %d stale, %d problems with the list\n", len(ms), stale, len(errs))
 		if stale > 0 || len(errs) > 0 {
 			return 1
@@ -95,18 +107,18 @@ func run(ctx context.Context, list, safety, only string, par int, timeout time.D
 		fmt.Printf("note: untracked files are not copied: %s\n", strings.Join(untracked, " "))
 	}
 	logf := func(format string, args ...any) { fmt.Printf(format, args...) }
-	if base {
-		if err := t.baseline(ctx, ms, timeout, logf); err != nil {
+	if o.baseline {
+		if err := t.baseline(ctx, ms, o.timeout, logf); err != nil {
 			fmt.Fprintln(os.Stderr, "mutate:", err)
 			return 2
 		}
 	}
-	results := runAll(ctx, t, ms, par, timeout, logf)
+	results := runAll(ctx, t, ms, o.par, o.timeout, logf)
 	if ctx.Err() != nil {
 		fmt.Fprintln(os.Stderr, "mutate: interrupted")
 		return 2
 	}
-	report(os.Stdout, results, verbose)
+	report(os.Stdout, results, o.verbose)
 	counts := map[string]int{}
 	for _, r := range results {
 		counts[r.Outcome]++

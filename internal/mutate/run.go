@@ -36,7 +36,8 @@ type tree struct {
 	root  string
 	files []string
 	goCmd string
-	keep  bool
+	keep  bool // keep each mutated tree
+	all   bool // run every cited test of a mutant, not only until one fails
 }
 
 // copyTo copies the tracked files, as they are in the working tree, to dir,
@@ -90,7 +91,7 @@ func (t *tree) read(path string) (string, error) {
 }
 
 // run applies m to a fresh copy of the tree and runs its tests there, one
-// go test at a time, until one fails.
+// go test at a time, until one fails (or all of them, with t.all).
 func (t *tree) run(ctx context.Context, m Mutant, timeout time.Duration) (r Result) {
 	start := time.Now()
 	r.M = m
@@ -117,23 +118,30 @@ func (t *tree) run(ctx context.Context, m Mutant, timeout time.Duration) (r Resu
 	if m.Timeout > 0 {
 		timeout = m.Timeout
 	}
-	var passed strings.Builder
+	var passed, failed strings.Builder
+	var by []string
 	for _, ref := range m.Tests {
 		out, err := t.goTest(ctx, dir, timeout, "-count=1", "-failfast", "-vet=off", "-timeout", timeout.String(), "-run", ref.Run, ref.Pkg)
 		if err == nil {
 			passed.WriteString(out)
 			continue
 		}
-		r.Output = out
 		if ctx.Err() != nil {
-			r.Outcome, r.By = Invalid, "interrupted"
+			r.Outcome, r.By, r.Output = Invalid, "interrupted", out
 			return r
 		}
 		if buildFailed(out) {
-			r.Outcome, r.By = Invalid, "does not build: "+firstError(out)
+			r.Outcome, r.By, r.Output = Invalid, "does not build: "+firstError(out), out
 			return r
 		}
-		r.Outcome, r.By = Killed, failures(out, ref)
+		failed.WriteString(out)
+		by = append(by, failures(out, ref))
+		if !t.all {
+			break
+		}
+	}
+	if len(by) > 0 {
+		r.Outcome, r.By, r.Output = Killed, strings.Join(by, ", "), failed.String()
 		return r
 	}
 	r.Outcome, r.By, r.Output = Survived, "every cited test passed", passed.String()
