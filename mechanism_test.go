@@ -38,14 +38,7 @@ func TestLeaseDatedFromAcquireSend(t *testing.T) {
 	if in.Stats()["acquire delay-reply single"] != 1 {
 		t.Fatalf("the acquire's reply was not delayed: %s", in.Summary())
 	}
-	o, err := other.Mutex(name).Lock(ctx) // once the key expires at Redis
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Unlock(ctx)
-	if stillValid(l) {
-		t.Fatal("another Client got the lock while the lease whose acquire reply came late was still believed valid")
-	}
+	endedBeforeTaken(t, ctx, other, name, l)
 }
 
 // TestLateGrantReleased: the acquire is held back on its way to Redis
@@ -409,33 +402,40 @@ func TestLeaseContextEndsAtItsDeadline(t *testing.T) {
 // would have, though its own TTL from the pass would reach further.
 func TestPassedLeaseLivesOnThePassersDeadline(t *testing.T) {
 	s := redistest.Start(t)
-	plain, _ := newClient(t, s)
 	// The record waits until after the passer's deadline, and a send whose
 	// ctx has ended is never made.
-	c, _ := faultyClient(t, s, faults.Rule{Script: "pass", Kind: faults.DelaySend, P: 1, Min: 2 * time.Second, Max: 2 * time.Second})
-	_, rdb := newClient(t, s)
+	cs, _, rdb := slowRecords(t, s, 2*time.Second)
 	ctx := ctxT(t, 30*time.Second)
 	const ttl = 600 * time.Millisecond
 	for i := range 3 {
 		name := "inherited-" + strconv.Itoa(i)
-		a, passed := inTurn(t, ctx, []*dlock.Client{plain, c}, rdb, name, dlock.TTL(ttl), dlock.NoRenew())
+		a, passed := inTurn(t, ctx, cs, rdb, name, dlock.TTL(ttl), dlock.NoRenew())
 		if err := a.Extend(ctx, ttl); err != nil { // the passer's deadline: TTL − 1% from its send
 			t.Fatal(err)
 		}
 		bound := time.Now().Add(ttl - ttl/100)
 		time.Sleep(ttl / 2) // the passer uses half its lease: the other half is what it passes on
-		unlocked := make(chan error, 1)
-		go func() { unlocked <- a.Unlock(ctx) }()
-		w := <-passed
-		if w == nil {
-			t.FailNow()
-		}
+		w, unlocked := unlockPassing(t, ctx, a, passed)
 		neverLivePast(t, w, bound)
 		if err := <-unlocked; !errors.Is(err, dlock.ErrLockLost) {
 			t.Fatalf("the passer's Unlock: %v, want ErrLockLost (the pass was never recorded)", err)
 		}
 		_ = w.Unlock(ctx)
 	}
+}
+
+// unlockPassing unlocks a, which passes the lock to the waiter inTurn
+// queued behind it (whose Lock result comes on leases), and returns that
+// waiter's lease and, when it comes, a's Unlock result.
+func unlockPassing(t *testing.T, ctx context.Context, a *dlock.Lease, leases <-chan *dlock.Lease) (*dlock.Lease, <-chan error) {
+	t.Helper()
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- a.Unlock(ctx) }()
+	w := <-leases
+	if w == nil {
+		t.FailNow()
+	}
+	return w, unlocked
 }
 
 // TestPlacesInLine: a place in a lock's line counts while it is live, and
@@ -517,18 +517,11 @@ func TestPlacesInLine(t *testing.T) {
 // the record would find the passer's token at Redis and report a loss.)
 func TestUnlockOfAPassedLeaseWaitsForItsRecord(t *testing.T) {
 	s := redistest.Start(t)
-	plain, _ := newClient(t, s)
-	c, in := faultyClient(t, s, faults.Rule{Script: "pass", Kind: faults.DelaySend, P: 1, Min: 200 * time.Millisecond, Max: 200 * time.Millisecond})
-	_, rdb := newClient(t, s)
+	cs, in, rdb := slowRecords(t, s, 200*time.Millisecond)
 	ctx := ctxT(t, 20*time.Second)
 	const name = "unlock-pending"
-	a, passed := inTurn(t, ctx, []*dlock.Client{plain, c}, rdb, name)
-	unlocked := make(chan error, 1)
-	go func() { unlocked <- a.Unlock(ctx) }()
-	w := <-passed
-	if w == nil {
-		t.FailNow()
-	}
+	a, passed := inTurn(t, ctx, cs, rdb, name)
+	w, unlocked := unlockPassing(t, ctx, a, passed)
 	if !in.WaitInFlight(time.Second, func(k faults.Call) bool { return k.Script == "pass" }) {
 		t.Fatal("the record is not in flight: the test does not unlock a pending lease")
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,24 +64,15 @@ func (t *tree) copyTo(dir string, over map[string]string) error {
 }
 
 func copyFile(src, dst string) error {
-	in, err := os.Open(src)
+	st, err := os.Stat(src)
 	if err != nil {
 		return err
 	}
-	defer in.Close()
-	st, err := in.Stat()
+	b, err := os.ReadFile(src)
 	if err != nil {
 		return err
 	}
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, st.Mode().Perm())
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
+	return os.WriteFile(dst, b, st.Mode().Perm())
 }
 
 func (t *tree) read(path string) (string, error) {
