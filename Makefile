@@ -1,9 +1,10 @@
 # dlock: make test runs everything CI runs; make demo runs the marketplace
-# experiment on a private redis-server; make bench compares dlock with peers.
+# experiment on a private redis-server; make bench compares dlock with peers;
+# make mutate checks that the tests notice each safety mechanism removed.
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test vet bench demo chaos redis-server
+.PHONY: test vet bench demo chaos mutate redis-server
 
 # Tests start real redis-server processes; install Debian's when missing.
 redis-server:
@@ -29,6 +30,12 @@ chaos: redis-server
 
 demo: redis-server
 	$(GO) run ./cmd/dlock market --duration 3s
+
+# Each curated mutant (internal/mutate/mutants.txt) breaks one safety
+# mechanism with a small edit; the tests docs/SAFETY.md cites for it must
+# fail. Not part of make test: it takes minutes (docs/SAFETY.md).
+mutate: redis-server
+	$(GO) run ./internal/mutate $(MUTATE_FLAGS)
 
 bench: redis-server
 	cd bench && $(GO) run . -scenario all

@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -123,6 +124,13 @@ func TestAwkwardNames(t *testing.T) {
 				}
 				if b.Fence() <= a.Fence() {
 					t.Fatalf("fence %d after %d", b.Fence(), a.Fence())
+				}
+				if p.kind == "mutex" || p.kind == "fair" {
+					// Handed over by the release (which read the waiter's
+					// entry), not found free by a look of the waiter's.
+					if from := rdb.HGet(ctx, hash, wire.FieldHandedFrom).Val(); from != strconv.FormatUint(a.Fence(), 10) {
+						t.Fatalf("the waiter was not handed the lock by the release (handed over from fence %q, want %d)", from, a.Fence())
+					}
 				}
 				if err := b.Unlock(ctx); err != nil {
 					t.Fatal(err)

@@ -43,8 +43,32 @@ func faultyClient(t testing.TB, s *redistest.Server, rules ...faults.Rule) (*dlo
 	return c, in
 }
 
+// slowRecords returns Clients on s for inTurn: a plain one, and one whose
+// pass records are sent d late; and a go-redis client to look with.
+func slowRecords(t *testing.T, s *redistest.Server, d time.Duration) ([]*dlock.Client, *faults.Injector, *redis.Client) {
+	t.Helper()
+	plain, _ := newClient(t, s)
+	c, in := faultyClient(t, s, faults.Rule{Script: "pass", Kind: faults.DelaySend, P: 1, Min: d, Max: d})
+	_, rdb := newClient(t, s)
+	return []*dlock.Client{plain, c}, in, rdb
+}
+
 // stillValid reports whether l's holder would still rely on it.
 func stillValid(l *dlock.Lease) bool { return l.Context().Err() == nil }
+
+// endedBeforeTaken waits until other takes the lock name (once it expires
+// at Redis) and fails the test if l is still believed valid then.
+func endedBeforeTaken(t *testing.T, ctx context.Context, other *dlock.Client, name string, l *dlock.Lease) {
+	t.Helper()
+	o, err := other.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Unlock(ctx)
+	if stillValid(l) {
+		t.Fatal("another Client got the lock while the lease was still believed valid")
+	}
+}
 
 // TestConcurrentUnlocksOfAPassedLease (review defect 1): two Unlock calls
 // at once on a lease whose Unlock passes the lock to a waiter of its own
@@ -122,19 +146,8 @@ func TestRetriedPassRecordDatesFromFirstSend(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 	ttl := dlock.TTL(2 * time.Second)
 	a, passed := inTurn(t, ctx, []*dlock.Client{plain, c}, rdb, "retried", ttl, dlock.NoRenew())
-	go func() { _ = a.Unlock(ctx) }()
-	w := <-passed
-	if w == nil {
-		t.FailNow()
-	}
-	o, err := other.Mutex("retried").Lock(ctx) // once the lock expires at Redis
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Unlock(ctx)
-	if stillValid(w) {
-		t.Fatal("another Client got the lock while the passed lease was still believed valid")
-	}
+	w, _ := unlockPassing(t, ctx, a, passed)
+	endedBeforeTaken(t, ctx, other, "retried", w)
 }
 
 // TestRenewalInFlightWhileExtend (review defect 3): a renewal with the old
@@ -180,21 +193,17 @@ func TestRenewalInFlightWhileExtend(t *testing.T) {
 // a waiter is unlocked at once with a ctx that has already ended (defer
 // l.Unlock(reqCtx) after the request), while its record is still in
 // flight. The lock must be released once the record lands, not renewed
-// forever.
+// forever, nor left to its TTL.
 func TestUnlockWithEndedCtxOfAPassedLease(t *testing.T) {
 	s := redistest.Start(t)
-	plain, _ := newClient(t, s)
-	c, _ := faultyClient(t, s, faults.Rule{Script: "pass", Kind: faults.DelaySend, P: 1, Min: 200 * time.Millisecond, Max: 200 * time.Millisecond})
-	_, rdb := newClient(t, s)
+	cs, _, rdb := slowRecords(t, s, 200*time.Millisecond)
 	ctx := ctxT(t, 20*time.Second)
 	for round := 0; round < 8; round++ {
 		name := "ended-" + string(rune('a'+round))
-		a, passed := inTurn(t, ctx, []*dlock.Client{plain, c}, rdb, name, dlock.TTL(300*time.Millisecond))
-		go func() { _ = a.Unlock(ctx) }()
-		w := <-passed
-		if w == nil {
-			t.FailNow()
-		}
+		// A TTL longer than waitFor's bound: a lock that nothing released
+		// would still be held when the check below gives up.
+		a, passed := inTurn(t, ctx, cs, rdb, name, dlock.TTL(30*time.Second))
+		w, _ := unlockPassing(t, ctx, a, passed)
 		ended, cancel := context.WithCancel(ctx)
 		cancel()
 		_ = w.Unlock(ended)

@@ -18,7 +18,10 @@
 //     delay);
 //   - Cut: close the connection as soon as the command is written: Redis
 //     runs it (and, in a pipeline, the whole batch), the caller gets a
-//     closed-connection error.
+//     closed-connection error;
+//   - DelayWrite: let go-redis take a connection and write the command,
+//     and hold the write back on its way: the command is committed, so
+//     the caller's ctx ending no longer stops it, and Redis runs it late.
 //
 // A fault on a pipeline applies to the whole batch. A Rule fires at random
 // with probability P (drawn from the Injector's seeded math/rand/v2 source,
@@ -66,9 +69,16 @@ const (
 	// Cut closes the connection once the command (or its whole pipeline) is
 	// written: Redis runs it, the caller gets a closed-connection error.
 	Cut
+	// DelayWrite holds the connection write that carries the command (or
+	// its whole pipeline) back for the delay: go-redis has taken a
+	// connection and committed to the command, so a caller's ctx that ends
+	// meanwhile no longer stops it (DelaySend's would: go-redis does not
+	// send for an ended ctx). Redis runs it late. Keep the delay under the
+	// client's write timeout.
+	DelayWrite
 )
 
-var kindNames = [...]string{"none", "delay-send", "delay-reply", "lose-reply", "fail-send", "cut"}
+var kindNames = [...]string{"none", "delay-send", "delay-reply", "lose-reply", "fail-send", "cut", "delay-write"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
@@ -116,9 +126,9 @@ type Rule struct {
 	// Calls lists the matching calls (counted from 1, per rule) that get
 	// the fault, whatever P.
 	Calls []int
-	// Min and Max bound the delay, drawn uniformly (for DelaySend and
-	// DelayReply: the delay; for LoseReply and FailSend: how long until
-	// the error). Capped by the Injector's MaxDelay.
+	// Min and Max bound the delay, drawn uniformly (for DelaySend,
+	// DelayReply and DelayWrite: the delay; for LoseReply and FailSend: how
+	// long until the error). Capped by the Injector's MaxDelay.
 	Min, Max time.Duration
 	// Limit caps the faults this rule injects (0: no cap).
 	Limit int
@@ -171,8 +181,8 @@ type Injector struct {
 	inflight map[uint64]Call
 	seq      uint64
 
-	armedN atomic.Int32 // cut signatures armed: writes look only when > 0
-	armed  map[uint64]*armedCut
+	armedN atomic.Int32 // write signatures armed: writes look only when > 0
+	armed  map[uint64]*armedWrite
 }
 
 // New returns an enabled Injector.
@@ -198,7 +208,7 @@ func New(cfg Config) *Injector {
 		stats:    make(map[string]int),
 		events:   make([]Event, 0, cfg.EventLog),
 		inflight: make(map[uint64]Call),
-		armed:    make(map[uint64]*armedCut),
+		armed:    make(map[uint64]*armedWrite),
 	}
 	in.enabled.Store(true)
 	return in
@@ -292,7 +302,8 @@ func (in *Injector) count(what string, n int) {
 }
 
 // Stats returns how many faults were injected, by "SCRIPT KIND VIA", plus
-// "cut-missed" (a Cut whose command was never seen written) if any.
+// "cut-missed" (a Cut or DelayWrite whose command was never seen written)
+// if any.
 func (in *Injector) Stats() map[string]int {
 	in.mu.Lock()
 	defer in.mu.Unlock()

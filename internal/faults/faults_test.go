@@ -162,6 +162,42 @@ func TestKinds(t *testing.T) {
 			t.Fatalf("the next call after a cut: %v", r.err)
 		}
 	})
+	t.Run("delay-write", func(t *testing.T) {
+		// The caller's ctx ends while the write is held back: the command
+		// runs late all the same, and its reply still comes back.
+		in, rdb, plain, sha := setup(t, rule(faults.DelayWrite))
+		ctx, cancel := context.WithTimeout(context.Background(), d/3)
+		defer cancel()
+		res := make(chan result, 1)
+		start := time.Now()
+		go func() {
+			v, err := rdb.EvalSha(ctx, sha, []string{"k"}, "v").Result()
+			res <- result{v, err, time.Since(start)}
+		}()
+		<-ctx.Done()
+		if isSet(t, plain, "k") {
+			t.Fatal("the command ran before its held-back write")
+		}
+		if r := <-res; r.err != nil || r.v != int64(1) || r.at < d || !isSet(t, plain, "k") {
+			t.Fatalf("after a held-back write: %v %v after %v, set=%v", r.v, r.err, r.at, isSet(t, plain, "k"))
+		}
+		if in.Stats()["cut-missed"] != 0 {
+			t.Fatal("the held-back write missed its command")
+		}
+	})
+	t.Run("delay-send-ctx-ended", func(t *testing.T) {
+		// Why DelayWrite exists: go-redis does not send a command whose
+		// ctx ended before it took a connection.
+		_, rdb, plain, sha := setup(t, rule(faults.DelaySend))
+		ctx, cancel := context.WithTimeout(context.Background(), d/3)
+		defer cancel()
+		if err := rdb.EvalSha(ctx, sha, []string{"k"}, "v").Err(); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a delayed send after its ctx ended: %v, want context.DeadlineExceeded", err)
+		}
+		if isSet(t, plain, "k") {
+			t.Fatal("a command sent after its ctx ended ran")
+		}
+	})
 	t.Run("cut-retried", func(t *testing.T) {
 		// go-redis (MaxRetries 3 by default) sends a command again on a new
 		// connection when its connection breaks: Redis runs it twice.

@@ -39,7 +39,7 @@ var (
 var _ redis.Hook = (*Injector)(nil)
 
 // DialHook wraps every connection the client makes, so that Cut can close
-// the one a command is written to.
+// the one a command is written to, and DelayWrite hold its write back.
 func (in *Injector) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		conn, err := next(ctx, network, addr)
@@ -111,8 +111,8 @@ func (in *Injector) apply(kind Kind, d time.Duration, cmds []redis.Cmder, sig re
 		time.Sleep(d)
 		setErr(cmds, ErrNotSent)
 		return ErrNotSent
-	case Cut:
-		id := in.arm(resp(sig.Args()))
+	case Cut, DelayWrite:
+		id := in.arm(resp(sig.Args()), kind == Cut, d)
 		err := send()
 		if !in.disarm(id) {
 			in.count("cut-missed", 1)
@@ -128,22 +128,24 @@ func setErr(cmds []redis.Cmder, err error) {
 	}
 }
 
-// armedCut is a Cut waiting for its command to be written.
-type armedCut struct {
+// armedWrite is a Cut or DelayWrite waiting for its command to be written.
+type armedWrite struct {
 	sig   []byte // the command's RESP encoding
+	cut   bool   // close the connection after the write
+	hold  time.Duration
 	fired bool
 }
 
-func (in *Injector) arm(sig []byte) uint64 {
+func (in *Injector) arm(sig []byte, cut bool, hold time.Duration) uint64 {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.seq++
-	in.armed[in.seq] = &armedCut{sig: sig}
+	in.armed[in.seq] = &armedWrite{sig: sig, cut: cut, hold: hold}
 	in.armedN.Add(1)
 	return in.seq
 }
 
-// disarm forgets a Cut and reports whether it fired.
+// disarm forgets an armed write and reports whether it fired.
 func (in *Injector) disarm(id uint64) bool {
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -153,23 +155,23 @@ func (in *Injector) disarm(id uint64) bool {
 	return a != nil && a.fired
 }
 
-// cutFor reports whether a write of b carries an armed Cut's command (and
-// marks that Cut fired).
-func (in *Injector) cutFor(b []byte) bool {
+// armedFor reports whether a write of b carries an armed command (and marks
+// it fired), and what to do: hold the write back, cut after it.
+func (in *Injector) armedFor(b []byte) (hold time.Duration, cut, ok bool) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	for _, a := range in.armed {
 		if !a.fired && bytes.Contains(b, a.sig) {
 			a.fired = true
-			return true
+			return a.hold, a.cut, true
 		}
 	}
-	return false
+	return 0, false, false
 }
 
-// faultConn is a client connection that an armed Cut closes right after the
-// write that carries its command, and on which subscription faults
-// (SubFaults) are made.
+// faultConn is a client connection whose writes of armed commands are held
+// back (DelayWrite) or followed by closing it (Cut), and on which
+// subscription faults (SubFaults) are made.
 type faultConn struct {
 	net.Conn
 	in *Injector
@@ -179,22 +181,28 @@ type faultConn struct {
 
 func (c *faultConn) Write(b []byte) (int, error) {
 	if c.in.sub.any() {
-		return c.writeSub(b)
+		if _, isSub := subscribedChannel(b); isSub || len(c.subs) > 0 {
+			return c.writeSub(b) // a subscription connection: no script call goes there
+		}
 	}
-	if c.in.armedN.Load() == 0 || !c.in.cutFor(b) {
+	if c.in.armedN.Load() == 0 {
 		return c.Conn.Write(b)
 	}
+	hold, cut, ok := c.in.armedFor(b)
+	if !ok {
+		return c.Conn.Write(b)
+	}
+	time.Sleep(hold)
 	n, err := c.Conn.Write(b)
-	_ = c.Conn.Close()
+	if cut {
+		_ = c.Conn.Close()
+	}
 	return n, err
 }
 
 // writeSub writes b with the subscription faults the Injector decides.
 func (c *faultConn) writeSub(b []byte) (int, error) {
 	ch, isSub := subscribedChannel(b)
-	if !isSub && len(c.subs) == 0 {
-		return c.Conn.Write(b)
-	}
 	if gone, ok := unsubscribedChannel(b); ok {
 		c.subs = slices.DeleteFunc(c.subs, func(s string) bool { return s == gone })
 	}
