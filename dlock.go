@@ -147,7 +147,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c.id = c.tokens.next()[:12]
 	c.dog.init()
 	c.fences.init()
-	c.hub = hub.New(rdb, clientHandler{c}, cfg.logger)
+	c.hub = hub.New(rdb, clientHandler{c}, cfg.logger, nil)
 	return c
 }
 
