@@ -3,6 +3,35 @@
 // with a 128-bit owner token, a fencing token, a context that ends when the
 // lease is lost, watchdog renewal and an idempotent Unlock.
 //
+// # Usage
+//
+// A program's main, with imports "context", "errors", "fmt", "log", "time",
+// "github.com/dlock-go/dlock" and "github.com/redis/go-redis/v9" (the package
+// Example is this code; go test runs it against a real server):
+//
+//	ctx := context.Background()
+//	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+//	defer rdb.Close()
+//	locks := dlock.New(rdb) // one Client per process: it renews every lease it hands out
+//	defer locks.Close()
+//
+//	invoice := locks.Mutex("invoice:42", dlock.TTL(15*time.Second)) // options follow the name
+//	lease, err := invoice.Lock(ctx)                                  // waits, notified, until free or ctx ends
+//	if err != nil {
+//		log.Fatal(err) // errors.Is(err, ctx.Err()) when ctx ended first
+//	}
+//	// Work under lease.Context(), which ends if the lock is lost, and give
+//	// lease.Fence() to storage so that it can refuse a holder that lost it.
+//	fmt.Println("locked", lease.Name())
+//
+//	if _, err := locks.Mutex("invoice:42").TryLock(ctx); errors.Is(err, dlock.ErrNotObtained) {
+//		fmt.Println("TryLock: held by someone else")
+//	}
+//	if err := lease.Unlock(ctx); err != nil {
+//		log.Fatal(err)
+//	}
+//	fmt.Println("unlocked")
+//
 // # What dlock guarantees
 //
 // On one Redis server (and on Sentinel or Cluster with the caveats below):

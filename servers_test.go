@@ -333,11 +333,13 @@ func TestScriptsPublishCommand(t *testing.T) {
 // Semaphore or RWMutex run out by the server clock that scripts read
 // (TIME), which FastForward does not move and SetTime does.
 func TestMiniredisTime(t *testing.T) {
-	mr := miniredis.RunT(t)
+	// The README's lines for a unit test, as they are there.
+	mr := miniredis.RunT(t) // an in-process server, closed when the test ends
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	c := dlock.New(rdb)
-	t.Cleanup(func() { _ = c.Close() })
+	locks := dlock.New(rdb)
+	t.Cleanup(func() { locks.Close(); rdb.Close() })
+
+	c := locks
 	ctx := ctxT(t, 10*time.Second)
 
 	if _, err := c.Mutex("m", dlock.TTL(50*time.Millisecond), dlock.NoRenew()).Lock(ctx); err != nil {
