@@ -24,6 +24,7 @@ const (
 	Plain
 )
 
+// String names the kind: "sharded", "plain" (or "unknown").
 func (k Kind) String() string {
 	switch k {
 	case Sharded:
