@@ -3,6 +3,35 @@
 // with a 128-bit owner token, a fencing token, a context that ends when the
 // lease is lost, watchdog renewal and an idempotent Unlock.
 //
+// # Usage
+//
+// A program's main, with imports "context", "errors", "fmt", "log", "time",
+// "github.com/dlock-go/dlock" and "github.com/redis/go-redis/v9" (the package
+// Example is this code; go test runs it against a real server):
+//
+//	ctx := context.Background()
+//	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+//	defer rdb.Close()
+//	locks := dlock.New(rdb) // one Client per process: it renews every lease it hands out
+//	defer locks.Close()
+//
+//	invoice := locks.Mutex("invoice:42", dlock.TTL(15*time.Second)) // options follow the name
+//	lease, err := invoice.Lock(ctx)                                  // waits, notified, until free or ctx ends
+//	if err != nil {
+//		log.Fatal(err) // errors.Is(err, ctx.Err()) when ctx ended first
+//	}
+//	// Work under lease.Context(), which ends if the lock is lost, and give
+//	// lease.Fence() to storage so that it can refuse a holder that lost it.
+//	fmt.Println("locked", lease.Name())
+//
+//	if _, err := locks.Mutex("invoice:42").TryLock(ctx); errors.Is(err, dlock.ErrNotObtained) {
+//		fmt.Println("TryLock: held by someone else")
+//	}
+//	if err := lease.Unlock(ctx); err != nil {
+//		log.Fatal(err)
+//	}
+//	fmt.Println("unlocked")
+//
 // # What dlock guarantees
 //
 // On one Redis server (and on Sentinel or Cluster with the caveats below):
@@ -29,9 +58,10 @@
 //     that queue contends at Redis, where it takes a place in the lock's line;
 //     Unlock hands the lock straight to the first live waiter in that line and
 //     tells its Client alone, or, with nobody in line, publishes on the lock's
-//     sharded pub/sub channel. Every wait is bounded by the holder's remaining
-//     TTL, so a missed message or a crashed holder costs at most that TTL.
-//     Lock waits until its ctx ends; there is no retry limit.
+//     pub/sub channel (sharded where the server has it, see New). Every wait
+//     is bounded by the holder's remaining TTL, so a missed message or a
+//     crashed holder costs at most that TTL. Lock waits until its ctx ends;
+//     there is no retry limit.
 //   - In default mode a Client also passes the lock among its own waiters
 //     without a round trip before the next holder starts: the lock stays the
 //     passing lease's at Redis until the pass is recorded (the new lease lives
@@ -99,6 +129,7 @@ type Client struct {
 	tokens tokenSource
 	dog    watchdog
 	hub    *hub.Hub
+	ps     pubsub
 	fences fenceMemo
 
 	mu      sync.Mutex         // guards locals, byToken, late and the waiters in them
@@ -107,11 +138,24 @@ type Client struct {
 	late    map[string]bool    // tokens whose hand-over was found before its message (expectHandOver)
 	seq     uint64             // default-mode waiters ever queued: the last one's arrival number
 	heard   uint64             // hand-over messages delivered to a waiting waiter (for tests)
+
+	gaps atomic.Uint64 // subscriptions the hub re-established after a fault (for tests)
 }
 
 // New returns a Client over rdb: a go-redis v9 single-node, failover
 // (Sentinel) or cluster client. The Client does not own rdb: Close leaves it
 // open.
+//
+// Wake-ups travel by sharded pub/sub (SPUBLISH, SSUBSCRIBE) on a Cluster and
+// on any server that has it (Redis 7.0 and later), and by plain pub/sub
+// (PUBLISH, SUBSCRIBE) on a single server without it (earlier Redis,
+// miniredis), with the same guarantees. A Client finds out which with one
+// command before its first lock call, and keeps the answer for its life. So
+// make new Clients after moving to a server of another kind (a failover to a
+// replica of another version): an old Client's releases would fail on a
+// server without SPUBLISH, and on one with it the old Clients and the new
+// would not hear each other's releases (waiters would wake at the holder's
+// TTL).
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	cfg := defaultClientConfig()
 	for _, o := range opts {
@@ -147,7 +191,11 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c.id = c.tokens.next()[:12]
 	c.dog.init()
 	c.fences.init()
-	c.hub = hub.New(rdb, clientHandler{c}, cfg.logger)
+	c.ps.init()
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		c.ps.set(hub.Sharded) // as hub.Detect would say, without asking
+	}
+	c.hub = hub.New(rdb, clientHandler{c}, cfg.logger, c.hubKind)
 	return c
 }
 

@@ -16,29 +16,36 @@ import (
 // TestMain starts.
 var addr = "127.0.0.1:6379"
 
-// The 30-second tour: one lock around a critical section, with the fence
-// passed to storage so that a holder that lost its lease cannot overwrite a
-// newer one.
+// The README's first program, and the package doc's: a Client, a Mutex with
+// an option, Lock, a TryLock refused with ErrNotObtained, Unlock.
+// TestUsageIsExample keeps the three the same.
 func Example() {
+	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	locks := dlock.New(rdb)
+	locks := dlock.New(rdb) // one Client per process: it renews every lease it hands out
 	defer locks.Close()
 
-	ctx := context.Background()
-	lease, err := locks.Mutex("invoice:42").Lock(ctx) // waits, notified, until ctx ends
+	invoice := locks.Mutex("invoice:42", dlock.TTL(15*time.Second)) // options follow the name
+	lease, err := invoice.Lock(ctx)                                 // waits, notified, until free or ctx ends
 	if err != nil {
-		log.Fatal(err)
+		log.Fatal(err) // errors.Is(err, ctx.Err()) when ctx ended first
 	}
-	defer lease.Unlock(ctx)
+	// Work under lease.Context(), which ends if the lock is lost, and give
+	// lease.Fence() to storage so that it can refuse a holder that lost it.
+	fmt.Println("locked", lease.Name())
 
-	// lease.Context() ends if the lease is lost (renewal failed, key deleted,
-	// expired): pass it to the work, and pass the fence to storage.
-	if err := saveInvoice(lease.Context(), lease.Fence()); err != nil {
+	if _, err := locks.Mutex("invoice:42").TryLock(ctx); errors.Is(err, dlock.ErrNotObtained) {
+		fmt.Println("TryLock: held by someone else")
+	}
+	if err := lease.Unlock(ctx); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("saved under", lease.Name())
-	// Output: saved under invoice:42
+	fmt.Println("unlocked")
+	// Output:
+	// locked invoice:42
+	// TryLock: held by someone else
+	// unlocked
 }
 
 func ExampleMutex_Lock() {
@@ -133,8 +140,6 @@ func ExampleLease_Context() {
 	_ = inner.Unlock(ctx) // the lock stays held until outer unlocks
 	// Output: true
 }
-
-func saveInvoice(ctx context.Context, fence uint64) error { return ctx.Err() }
 
 // A weighted semaphore: at most 8 GPUs in use across every process; a job
 // that needs 4 is not starved by a stream of jobs that need 1.

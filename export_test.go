@@ -35,6 +35,11 @@ func HandOversHeard(c *Client) uint64 {
 	return c.heard
 }
 
+// SubscriptionsRepaired returns how many times c's subscriptions were
+// established again after a fault (a dropped connection, a refusal...) and
+// its waiters told to look again: tests wait for it after a fault.
+func SubscriptionsRepaired(c *Client) uint64 { return c.gaps.Load() }
+
 // Pending reports whether l was passed to its holder by another lease of
 // its Client and the pass is not yet recorded at Redis: Redis may still name
 // the passer's token. A lease is pending only from its grant until its

@@ -180,6 +180,9 @@ type look struct {
 
 // attempt runs h's acquire once. An error may leave the outcome unknown.
 func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, error) {
+	if err := lk.c.pubsubReady(ctx); err != nil {
+		return look{}, err // nothing sent
+	}
 	r := look{sent: time.Now()}
 	h.contended = waited
 	v, err := lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, func(v any, err error) {

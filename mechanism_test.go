@@ -205,7 +205,9 @@ func TestSemaphoreStateOutlivesItsHolders(t *testing.T) {
 		name, size string
 		lock       func(context.Context) (*dlock.Lease, error)
 	}{
-		{"idle-semaphore", "2", acquire1(c.Semaphore("idle-semaphore", 2, dlock.TTL(2*time.Second)))},
+		{"idle-semaphore", "2", func(ctx context.Context) (*dlock.Lease, error) {
+			return c.Semaphore("idle-semaphore", 2, dlock.TTL(2*time.Second)).Acquire(ctx, 1)
+		}},
 		{"idle-rwmutex", "", c.RWMutex("idle-rwmutex", dlock.TTL(2*time.Second)).Lock},
 	} {
 		l, err := p.lock(ctx)
@@ -332,7 +334,7 @@ func TestReentrancyOnlyIntoTheSameLock(t *testing.T) {
 	// A name is one kind of lock: another kind under the lease is refused
 	// at Redis, not let in through the lease.
 	for _, try := range []func(context.Context) (*dlock.Lease, error){
-		c.RWMutex("re-a").TryRLock, c.RWMutex("re-a").TryLock, acquire1(c.Semaphore("re-a", 1)),
+		c.RWMutex("re-a").TryRLock, c.RWMutex("re-a").TryLock, acquire1(c, "re-a"),
 	} {
 		if l, err := try(held.Context()); !errors.Is(err, dlock.ErrForeignKey) {
 			t.Fatalf("another kind of lock of the same name under the lease: %v, %v; want ErrForeignKey", l, err)

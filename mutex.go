@@ -93,7 +93,7 @@ func (mutexProto) prepare(h *holding, _ int64) {
 	c.join = "0"
 	// Every release hands the lock to the first live waiter in line.
 	c.setRelease(releaseScript, "evalsha", &releaseScript.sha, "3", &lk.keyArr[0], &lk.keyArr[1], &lk.keyArr[2],
-		&h.token, &h.fenceStr, &lk.c.idleArg, &lk.keyArr[0])
+		&h.token, &h.fenceStr, &lk.c.idleArg, &lk.keyArr[0], &lk.c.ps.arg)
 	if lk.fair {
 		c.setAcquire(fairAcquireScript, "evalsha", &fairAcquireScript.sha, "3", &lk.keyArr[0], &lk.keyArr[1], &lk.keyArr[2],
 			&h.token, &lk.ttlArg, &lk.c.liveArg, &c.join, &lk.handover)
@@ -127,8 +127,11 @@ func (mutexProto) giveBack(ctx context.Context, lk *lock, token string) error {
 	}
 	if r, ok := v.([]any); ok && len(r) == 2 && r[0] == int64(1) {
 		// It had been handed to token: release it (to the next in line).
+		if err := lk.c.pubsubReady(ctx); err != nil {
+			return err
+		}
 		f, _ := r[1].(int64)
-		_, err = releaseScript.run(ctx, lk.c.rdb, lk.scriptKeys(), token, formatUint(uint64(f)), lk.c.idleArg, lk.hash)
+		_, err = releaseScript.run(ctx, lk.c.rdb, lk.scriptKeys(), token, formatUint(uint64(f)), lk.c.idleArg, lk.hash, lk.c.ps.arg)
 	}
 	return err
 }

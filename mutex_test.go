@@ -312,22 +312,8 @@ func TestLeaseLostWhenKeyDeletedOrOverwritten(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			lctx := l.Context()
 			tamper.do("dlock:{" + name + "}")
-			select {
-			case <-lctx.Done():
-			case <-time.After(3 * time.Second):
-				t.Fatal("lease context still live 3s after the key was tampered with")
-			}
-			if !errors.Is(context.Cause(lctx), dlock.ErrLockLost) {
-				t.Fatalf("cause %v, want ErrLockLost", context.Cause(lctx))
-			}
-			if err := l.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
-				t.Fatalf("Unlock of a lost lease: %v, want ErrLockLost", err)
-			}
-			if err := l.Extend(ctx, time.Second); !errors.Is(err, dlock.ErrLockLost) {
-				t.Fatalf("Extend of a lost lease: %v, want ErrLockLost", err)
-			}
+			lostWithin(t, ctx, l, 3*time.Second, "the key was tampered with")
 		})
 	}
 	if v := rdb.Get(ctx, "dlock:{tamper-overwritten}").Val(); v != "someone else" {
@@ -335,6 +321,26 @@ func TestLeaseLostWhenKeyDeletedOrOverwritten(t *testing.T) {
 	}
 	if v := rdb.HGet(ctx, "dlock:{tamper-taken}", "o").Val(); v != "another-token" {
 		t.Fatalf("the other owner was touched: %q", v)
+	}
+}
+
+// lostWithin checks that l's context ends within d (after what happened)
+// with cause ErrLockLost, and that its Extend and Unlock then say so.
+func lostWithin(t *testing.T, ctx context.Context, l *dlock.Lease, d time.Duration, after string) {
+	t.Helper()
+	select {
+	case <-l.Context().Done():
+	case <-time.After(d):
+		t.Fatalf("lease context still live %v after %s", d, after)
+	}
+	if cause := context.Cause(l.Context()); !errors.Is(cause, dlock.ErrLockLost) {
+		t.Fatalf("cause %v, want ErrLockLost", cause)
+	}
+	if err := l.Extend(ctx, time.Second); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Extend of a lost lease: %v, want ErrLockLost", err)
+	}
+	if err := l.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Unlock of a lost lease: %v, want ErrLockLost", err)
 	}
 }
 

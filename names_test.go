@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -17,50 +18,59 @@ import (
 var awkwardNames = []string{"a,b", ",", "x{y}z", "{", "x}:q", "a:b:c", "sp ace", "new\nline", "\xff\xfe\x00"}
 
 // exclusive describes a primitive for one lock name: how a holder takes it,
-// how a waiter waits for it (an RWMutex's writer), and how a newcomer tries
-// it (an RWMutex's reader), which must fail while that waiter waits.
+// how a waiter waits for it (an RWMutex's writer), how a newcomer tries it
+// (an RWMutex's reader), which must fail while that waiter waits, and how
+// one tries what the waiter waits for, which fails while the holder holds.
+// Each is given the lock options of the call.
 type exclusive struct {
-	kind            string
-	hold, wait      func(c *dlock.Client, name string) func(context.Context) (*dlock.Lease, error)
-	jumpAheadOfWait func(c *dlock.Client, name string) func(context.Context) (*dlock.Lease, error)
+	kind                     string
+	hold, wait               opener
+	jumpAheadOfWait, tryWait opener
 }
+
+// opener returns one call (a Lock, a TryAcquire...) of a primitive.
+type opener func(c *dlock.Client, name string, opts ...dlock.LockOption) func(context.Context) (*dlock.Lease, error)
 
 var exclusives = []exclusive{
-	{"mutex",
-		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) { return c.Mutex(n).Lock },
-		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) { return c.Mutex(n).Lock },
-		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) { return c.Mutex(n).TryLock }},
-	{"fair",
-		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
-			return c.Mutex(n, dlock.Fair()).Lock
-		},
-		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
-			return c.Mutex(n, dlock.Fair()).Lock
-		},
-		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
-			return c.Mutex(n, dlock.Fair()).TryLock
-		}},
-	{"rwmutex",
-		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) { return c.RWMutex(n).RLock },
-		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) { return c.RWMutex(n).Lock },
-		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
-			return c.RWMutex(n).TryRLock
-		}},
-	{"semaphore",
-		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
-			return acquire1(c.Semaphore(n, 1))
-		},
-		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
-			return acquire1(c.Semaphore(n, 1))
-		},
-		func(c *dlock.Client, n string) func(context.Context) (*dlock.Lease, error) {
-			s := c.Semaphore(n, 1)
-			return func(ctx context.Context) (*dlock.Lease, error) { return s.TryAcquire(ctx, 1) }
-		}},
+	{kind: "mutex",
+		hold: onMutex((*dlock.Mutex).Lock), wait: onMutex((*dlock.Mutex).Lock),
+		jumpAheadOfWait: onMutex((*dlock.Mutex).TryLock), tryWait: onMutex((*dlock.Mutex).TryLock)},
+	{kind: "fair",
+		hold: onMutex((*dlock.Mutex).Lock, dlock.Fair()), wait: onMutex((*dlock.Mutex).Lock, dlock.Fair()),
+		jumpAheadOfWait: onMutex((*dlock.Mutex).TryLock, dlock.Fair()), tryWait: onMutex((*dlock.Mutex).TryLock, dlock.Fair())},
+	{kind: "rwmutex",
+		hold: onRWMutex((*dlock.RWMutex).RLock), wait: onRWMutex((*dlock.RWMutex).Lock),
+		jumpAheadOfWait: onRWMutex((*dlock.RWMutex).TryRLock), tryWait: onRWMutex((*dlock.RWMutex).TryLock)},
+	{kind: "semaphore",
+		hold: acquire1, wait: acquire1, jumpAheadOfWait: tryAcquire1, tryWait: tryAcquire1},
 }
 
-func acquire1(s *dlock.Semaphore) func(context.Context) (*dlock.Lease, error) {
+// onMutex is the opener of a Mutex method, with extra options.
+func onMutex(f func(*dlock.Mutex, context.Context) (*dlock.Lease, error), extra ...dlock.LockOption) opener {
+	return func(c *dlock.Client, n string, o ...dlock.LockOption) func(context.Context) (*dlock.Lease, error) {
+		m := c.Mutex(n, slices.Concat(o, extra)...)
+		return func(ctx context.Context) (*dlock.Lease, error) { return f(m, ctx) }
+	}
+}
+
+// onRWMutex is the opener of an RWMutex method.
+func onRWMutex(f func(*dlock.RWMutex, context.Context) (*dlock.Lease, error)) opener {
+	return func(c *dlock.Client, n string, o ...dlock.LockOption) func(context.Context) (*dlock.Lease, error) {
+		rw := c.RWMutex(n, o...)
+		return func(ctx context.Context) (*dlock.Lease, error) { return f(rw, ctx) }
+	}
+}
+
+// acquire1 acquires one permit of the semaphore n of size 1.
+func acquire1(c *dlock.Client, n string, o ...dlock.LockOption) func(context.Context) (*dlock.Lease, error) {
+	s := c.Semaphore(n, 1, o...)
 	return func(ctx context.Context) (*dlock.Lease, error) { return s.Acquire(ctx, 1) }
+}
+
+// tryAcquire1 tries one permit of the semaphore n of size 1.
+func tryAcquire1(c *dlock.Client, n string, o ...dlock.LockOption) func(context.Context) (*dlock.Lease, error) {
+	s := c.Semaphore(n, 1, o...)
+	return func(ctx context.Context) (*dlock.Lease, error) { return s.TryAcquire(ctx, 1) }
 }
 
 // TestAwkwardNames: every byte a name may contain survives every key,

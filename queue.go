@@ -290,6 +290,7 @@ func (ch clientHandler) Message(channel, payload string) {
 }
 
 func (ch clientHandler) Gap(channel string) {
+	ch.c.gaps.Add(1)
 	key, _ := strings.CutSuffix(channel, wire.InfixHandOver+ch.c.id)
 	ch.c.released(key, 0, false)
 }

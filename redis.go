@@ -36,10 +36,12 @@ var (
 // are pointers to strings that live as long as the holding (its lock's, or
 // its own), so go-redis neither copies nor boxes them: this is where the
 // hot path's allocations are saved, and the only place that plays such
-// tricks.
+// tricks. A line that carries the Client's publish command (pubsub.arg) is
+// sent only after pubsubReady: attempt, the first send of every holding,
+// sees to that.
 type cmdline struct {
-	acq                  [17]any
-	rel                  [10]any
+	acq                  [18]any
+	rel                  [11]any
 	acqLen, relLen       int
 	acqScript, relScript *script
 	join                 string // "1" once the acquire takes a place in line, else "0"

@@ -107,9 +107,9 @@ func (semProto) prepare(h *holding, n int64) {
 	}
 	k := &lk.keyArr
 	c.setAcquire(semScript, "evalsha", &semScript.sha, "4", &k[0], &k[1], &k[2], &k[3], wire.SemAcquire,
-		&h.token, &lk.ttlArg, &lk.c.liveArg, &c.join, &lk.handover, &c.nArg, &lk.sizeArg, &lk.kind, &lk.c.idleArg)
+		&h.token, &lk.ttlArg, &lk.c.liveArg, &c.join, &lk.handover, &c.nArg, &lk.sizeArg, &lk.kind, &lk.c.idleArg, &lk.c.ps.arg)
 	c.setRelease(semScript, "evalsha", &semScript.sha, "4", &k[0], &k[1], &k[2], &k[3], wire.SemRelease,
-		&h.token, &lk.c.idleArg)
+		&h.token, &lk.c.idleArg, &lk.c.ps.arg)
 }
 
 func (semProto) joinLine(h *holding) { h.cmd.join = "1" }
@@ -123,7 +123,11 @@ func (semProto) pttl(h *holding) call {
 }
 
 func (semProto) giveBack(ctx context.Context, lk *lock, token string) error {
-	// sem.lua's leave releases the permits if they had been handed over.
-	_, err := semScript.run(ctx, lk.c.rdb, lk.scriptKeys(), wire.SemLeave, token, lk.c.idleArg)
+	// sem.lua's leave releases the permits if they had been handed over
+	// (and hands them on).
+	if err := lk.c.pubsubReady(ctx); err != nil {
+		return err
+	}
+	_, err := semScript.run(ctx, lk.c.rdb, lk.scriptKeys(), wire.SemLeave, token, lk.c.idleArg, lk.c.ps.arg)
 	return err
 }

@@ -25,7 +25,7 @@ func BenchmarkMessage(b *testing.B) {
 	pub := s.Client(b)
 	b.Run("hub", func(b *testing.B) {
 		var got counter
-		h := hub.New(s.Client(b), &got, nil)
+		h := hub.New(s.Client(b), &got, nil, nil)
 		defer h.Close()
 		<-h.Want("bench")
 		publish(b, pub, &got)

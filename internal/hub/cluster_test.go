@@ -46,8 +46,8 @@ func startCluster(t *testing.T, replicas int) *cluster {
 // its slot and nowhere else, and delivers a message.
 func (c *cluster) converged(t *testing.T) {
 	t.Helper()
-	subscribedOn(t, c.nodes, c.wanted, c.slots)
-	delivered(t, c.rdb, c.rec, c.wanted)
+	subscribedOn(t, hub.Sharded, c.nodes, c.wanted, c.slots)
+	delivered(t, hub.Sharded, c.rdb, c.rec, c.wanted)
 }
 
 // owner returns the master that serves slot now.

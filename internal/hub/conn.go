@@ -16,11 +16,12 @@ import (
 // back. A conn that fails in any way is dropped (its channels go down) and a
 // new one is made when a channel needs that server again.
 type conn struct {
-	addr string        // the server's address ("" unless Cluster)
-	born time.Time     // when it was made
-	ps   *redis.PubSub // closed by whoever drops the conn, after Hub.mu is released
-	wake chan struct{} // todo has commands; buffered 1
-	done chan struct{} // closed when dropped: the writer ends
+	addr  string        // the server's address ("" unless Cluster)
+	plain bool          // it subscribes with SUBSCRIBE rather than SSUBSCRIBE (Kind Plain)
+	born  time.Time     // when it was made
+	ps    *redis.PubSub // closed by whoever drops the conn, after Hub.mu is released
+	wake  chan struct{} // todo has commands; buffered 1
+	done  chan struct{} // closed when dropped: the writer ends
 
 	// Guarded by Hub.mu.
 	dead    bool
@@ -85,14 +86,27 @@ func (c *conn) kill() {
 }
 
 func (c *conn) issue(ctx context.Context, o op) error {
-	switch o.kind {
-	case opSub:
-		return c.ps.SSubscribe(ctx, o.channel)
-	case opUnsub:
-		return c.ps.SUnsubscribe(ctx, o.channel)
-	default:
+	switch {
+	case o.kind == opPing:
 		return c.ps.Ping(ctx)
+	case c.plain && o.kind == opSub:
+		return c.ps.Subscribe(ctx, o.channel)
+	case c.plain:
+		return c.ps.Unsubscribe(ctx, o.channel)
+	case o.kind == opSub:
+		return c.ps.SSubscribe(ctx, o.channel)
+	default:
+		return c.ps.SUnsubscribe(ctx, o.channel)
 	}
+}
+
+// replyKinds returns the kinds of the replies that confirm c's subscribe
+// and unsubscribe commands.
+func (c *conn) replyKinds() (sub, unsub string) {
+	if c.plain {
+		return "subscribe", "unsubscribe"
+	}
+	return "ssubscribe", "sunsubscribe"
 }
 
 // write sends c's commands in the order they were queued. The first one
@@ -164,7 +178,8 @@ func (h *Hub) read(c *conn) {
 var errOutOfStep = errors.New("hub: reply out of step with the commands sent")
 
 // confirm handles an ssubscribe or sunsubscribe reply (or a sunsubscribe the
-// server sent on its own). It reports false if c has been dropped.
+// server sent on its own), or on a plain conn a subscribe or unsubscribe
+// reply. It reports false if c has been dropped.
 func (h *Hub) confirm(c *conn, kind, channel string) bool {
 	h.mu.Lock()
 	if c.dead {
@@ -172,13 +187,13 @@ func (h *Hub) confirm(c *conn, kind, channel string) bool {
 		return false
 	}
 	gap, ok := false, true
-	switch kind {
-	case "ssubscribe":
+	switch sub, unsub := c.replyKinds(); kind {
+	case sub:
 		var o op
 		if o, ok = c.pop(opSub, channel); ok {
 			gap = h.subscribed(c, o)
 		}
-	case "sunsubscribe":
+	case unsub:
 		if _, mine := c.pop(opUnsub, channel); !mine {
 			h.unsubscribedByServer(c, channel)
 		}

@@ -77,11 +77,17 @@ func (r *recorder) gapsOf(channels []string) []int {
 // HUB_LOG=1 in the environment.
 func start(t *testing.T, rdb redis.UniversalClient) (*hub.Hub, *recorder) {
 	t.Helper()
+	return startKind(t, rdb, nil)
+}
+
+// startKind is start with the hub's kind function (nil: Sharded).
+func startKind(t *testing.T, rdb redis.UniversalClient, kind func(context.Context) (hub.Kind, error)) (*hub.Hub, *recorder) {
+	t.Helper()
 	var mu sync.Mutex
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	rec := newRecorder()
-	h := hub.New(rdb, rec, logger)
+	h := hub.New(rdb, rec, logger, kind)
 	t.Cleanup(func() {
 		h.Close()
 		if t.Failed() || os.Getenv("HUB_LOG") != "" {
@@ -154,10 +160,11 @@ func eventually(t *testing.T, what string, cond func() (bool, string)) {
 
 var probes int
 
-// delivered publishes on every channel until the hub has heard each: a
-// message published before a subscription is back is lost, so the missing
-// ones are published again every 100 ms, for at most converge.
-func delivered(t *testing.T, pub redis.UniversalClient, rec *recorder, channels []string) {
+// delivered publishes on every channel, with kind's publish command, until
+// the hub has heard each: a message published before a subscription is back
+// is lost, so the missing ones are published again every 100 ms, for at
+// most converge.
+func delivered(t *testing.T, kind hub.Kind, pub redis.UniversalClient, rec *recorder, channels []string) {
 	t.Helper()
 	probes++
 	tag := fmt.Sprintf("probe%d", probes)
@@ -171,7 +178,11 @@ func delivered(t *testing.T, pub redis.UniversalClient, rec *recorder, channels 
 		for _, ch := range missing {
 			// A publish may fail while the cluster moves a slot: the next
 			// round publishes again.
-			_ = pub.SPublish(ctx, ch, tag+"/"+strconv.Itoa(round)).Err()
+			if kind == hub.Plain {
+				_ = pub.Publish(ctx, ch, tag+"/"+strconv.Itoa(round)).Err()
+			} else {
+				_ = pub.SPublish(ctx, ch, tag+"/"+strconv.Itoa(round)).Err()
+			}
 		}
 		cancel()
 		time.Sleep(100 * time.Millisecond)
@@ -189,8 +200,19 @@ func delivered(t *testing.T, pub redis.UniversalClient, rec *recorder, channels 
 // shardChannels returns PUBSUB SHARDCHANNELS of s.
 func shardChannels(t *testing.T, s *redistest.Server) map[string]bool {
 	t.Helper()
+	return channelsOn(t, s, hub.Sharded)
+}
+
+// channelsOn returns the channels of s subscribed with kind: PUBSUB
+// SHARDCHANNELS, or PUBSUB CHANNELS for Plain.
+func channelsOn(t *testing.T, s *redistest.Server, kind hub.Kind) map[string]bool {
+	t.Helper()
+	sub := "SHARDCHANNELS"
+	if kind == hub.Plain {
+		sub = "CHANNELS"
+	}
 	out := map[string]bool{}
-	list, _ := s.Do(t, "PUBSUB", "SHARDCHANNELS").([]any)
+	list, _ := s.Do(t, "PUBSUB", sub).([]any)
 	for _, ch := range list {
 		out[fmt.Sprint(ch)] = true
 	}
@@ -198,11 +220,12 @@ func shardChannels(t *testing.T, s *redistest.Server) map[string]bool {
 }
 
 // subscribedOn waits until, on every server in nodes, PUBSUB SHARDCHANNELS
-// lists exactly the wanted channels it serves: on a Cluster (slots given),
-// those whose slot it is the master of in nodes[0]'s view; otherwise all.
-func subscribedOn(t *testing.T, nodes []*redistest.Server, channels []string, slots map[string]int) {
+// (CHANNELS for Plain) lists exactly the wanted channels it serves: on a
+// Cluster (slots given), those whose slot it is the master of in nodes[0]'s
+// view; otherwise all.
+func subscribedOn(t *testing.T, kind hub.Kind, nodes []*redistest.Server, channels []string, slots map[string]int) {
 	t.Helper()
-	eventually(t, "PUBSUB SHARDCHANNELS on every node lists exactly its wanted channels", func() (bool, string) {
+	eventually(t, "PUBSUB "+kind.String()+" channels on every node are exactly its wanted channels", func() (bool, string) {
 		home := func(string) *redistest.Server { return nodes[0] }
 		if slots != nil {
 			home = homes(t, nodes, slots)
@@ -216,7 +239,7 @@ func subscribedOn(t *testing.T, nodes []*redistest.Server, channels []string, sl
 			want[s][ch] = true
 		}
 		for _, s := range nodes {
-			if got := shardChannels(t, s); !maps.Equal(got, want[s]) {
+			if got := channelsOn(t, s, kind); !maps.Equal(got, want[s]) {
 				return false, fmt.Sprintf("%s has %d channels, want %d", s.Addr(), len(got), len(want[s]))
 			}
 		}

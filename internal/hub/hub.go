@@ -1,7 +1,8 @@
-// Package hub keeps a reference-counted set of sharded pub/sub subscriptions
-// (SSUBSCRIBE) live on a single server, a Sentinel-managed primary or a Redis
-// Cluster, and tells its Handler what it hears and when it may have missed
-// something.
+// Package hub keeps a reference-counted set of pub/sub subscriptions live on
+// a single server, a Sentinel-managed primary or a Redis Cluster, and tells
+// its Handler what it hears and when it may have missed something. They are
+// sharded (SSUBSCRIBE) on a Cluster and on any server that has sharded
+// pub/sub, and plain (SUBSCRIBE) on a single server without it (see Kind).
 //
 // The hub converges to the wanted set: it never trusts a subscription it has
 // not seen confirmed, and it does not wait for a missed message to notice
@@ -60,9 +61,11 @@
 // the next reply answers the oldest. Anything that does not fit is taken to
 // mean the connection is out of step, and it is dropped and made again.
 //
-// Only sharded pub/sub is built. A plain SUBSCRIBE/PUBLISH mode (for servers
-// without SPUBLISH) would change what conn.issue sends, the reply kinds
-// Hub.confirm matches, and locate (any one connection hears every channel).
+// Plain pub/sub changes only the commands a connection sends (SUBSCRIBE and
+// UNSUBSCRIBE where the above says SSUBSCRIBE and SUNSUBSCRIBE) and the reply
+// kinds it expects. It exists only off Cluster, where every channel lives on
+// the one server whatever the kind, so placement, confirmation, Suspect and
+// the repairs above are the same (the Cluster-only faults do not arise).
 package hub
 
 import (
@@ -115,6 +118,7 @@ type Handler interface {
 type Hub struct {
 	rdb     redis.UniversalClient
 	cluster *redis.ClusterClient // rdb, if it is one
+	kind    func(context.Context) (Kind, error)
 	handler Handler
 	log     *slog.Logger
 	ctx     context.Context // ends at Close
@@ -134,17 +138,25 @@ type Hub struct {
 var never = make(chan struct{})
 
 // New returns a hub that subscribes through rdb: a single-server or failover
-// (Sentinel) *redis.Client, or a *redis.ClusterClient. A nil logger logs
-// nothing. It starts no goroutine until the first Want; Close ends them.
-func New(rdb redis.UniversalClient, h Handler, logger *slog.Logger) *Hub {
+// (Sentinel) *redis.Client, or a *redis.ClusterClient. Off Cluster, kind
+// says which pub/sub to subscribe with: the hub asks it before it makes a
+// connection, and a kind error counts as a failed subscription (retried
+// after a backoff); nil means Sharded. It should give the same answer every
+// time (see Detect). A nil logger logs nothing. New starts no goroutine
+// until the first Want; Close ends them.
+func New(rdb redis.UniversalClient, h Handler, logger *slog.Logger, kind func(context.Context) (Kind, error)) *Hub {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	}
+	if kind == nil {
+		kind = func(context.Context) (Kind, error) { return Sharded, nil }
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cc, _ := rdb.(*redis.ClusterClient)
 	return &Hub{
 		rdb:     rdb,
 		cluster: cc,
+		kind:    kind,
 		handler: h,
 		log:     logger,
 		ctx:     ctx,

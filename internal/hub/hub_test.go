@@ -1,10 +1,13 @@
 package hub_test
 
 import (
+	"context"
+	"errors"
 	"math/rand/v2"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,29 +16,76 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// On one server, under both protocols: churn leaves exactly the wanted
-// channels subscribed; messages arrive; after CLIENT KILL TYPE pubsub they
-// arrive again and Gap is called for every channel.
+// On one server, under both protocols and with both kinds of pub/sub (the
+// hub's kind found by Detect: plain on a server without sharded pub/sub):
+// churn leaves exactly the wanted channels subscribed; messages arrive;
+// after CLIENT KILL TYPE pubsub they arrive again and Gap is called for
+// every channel.
 func TestSingleServer(t *testing.T) {
-	for _, proto := range []int{2, 3} {
-		t.Run("RESP"+string(rune('0'+proto)), func(t *testing.T) {
-			s := redistest.Start(t)
-			rdb := s.Client(t, func(o *redis.Options) { o.Protocol = proto })
-			h, rec := start(t, rdb)
-			wanted := names("lock:", 50)
-			churn(h, names("churn:", 20), 8, 200)
-			wantAll(t, h, wanted)
-			churn(h, names("churn:", 20), 8, 200)
-			subscribedOn(t, []*redistest.Server{s}, wanted, nil)
-			delivered(t, rdb, rec, wanted)
+	for _, kind := range []hub.Kind{hub.Sharded, hub.Plain} {
+		for _, proto := range []int{2, 3} {
+			t.Run(kind.String()+"/RESP"+string(rune('0'+proto)), func(t *testing.T) {
+				s := redistest.Start(t, redistest.Options{NoShardedPubSub: kind == hub.Plain})
+				rdb := s.Client(t, func(o *redis.Options) { o.Protocol = proto })
+				h, rec := startKind(t, rdb, func(ctx context.Context) (hub.Kind, error) { return hub.Detect(ctx, rdb, "probe") })
+				wanted := names("lock:", 50)
+				churn(h, names("churn:", 20), 8, 200)
+				wantAll(t, h, wanted)
+				churn(h, names("churn:", 20), 8, 200)
+				subscribedOn(t, kind, []*redistest.Server{s}, wanted, nil)
+				delivered(t, kind, rdb, rec, wanted)
 
-			before := rec.gapsOf(wanted)
-			killPubSub(t, s)
-			gapsAtLeast(t, rec, wanted, before)
-			subscribedOn(t, []*redistest.Server{s}, wanted, nil)
-			delivered(t, rdb, rec, wanted)
-		})
+				before := rec.gapsOf(wanted)
+				killPubSub(t, s)
+				gapsAtLeast(t, rec, wanted, before)
+				subscribedOn(t, kind, []*redistest.Server{s}, wanted, nil)
+				delivered(t, kind, rdb, rec, wanted)
+			})
+		}
 	}
+}
+
+// Detect tells a server with sharded pub/sub from one without, and says
+// when it cannot tell; a Cluster is sharded without a question.
+func TestDetect(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, kind := range []hub.Kind{hub.Sharded, hub.Plain} {
+		s := redistest.Start(t, redistest.Options{NoShardedPubSub: kind == hub.Plain})
+		rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+		if got, err := hub.Detect(ctx, rdb, "probe"); got != kind || err != nil {
+			t.Errorf("Detect = %v, %v; want %v", got, err, kind)
+		}
+		s.Kill()
+		if got, err := hub.Detect(ctx, rdb, "probe"); err == nil {
+			t.Errorf("Detect with the server down = %v, want an error", got)
+		}
+	}
+	unreachable := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer unreachable.Close()
+	if got, err := hub.Detect(ctx, unreachable, "probe"); got != hub.Sharded || err != nil {
+		t.Errorf("Detect on a Cluster = %v, %v; want sharded without asking", got, err)
+	}
+}
+
+// A kind that cannot be told yet fails the subscriptions like a refusal:
+// they are retried until it can, then confirmed.
+func TestKindErrorRetried(t *testing.T) {
+	s := redistest.Start(t, redistest.Options{NoShardedPubSub: true})
+	rdb := s.Client(t)
+	var asked atomic.Int32
+	h, rec := startKind(t, rdb, func(context.Context) (hub.Kind, error) {
+		if asked.Add(1) <= 3 {
+			return 0, errors.New("not yet")
+		}
+		return hub.Plain, nil
+	})
+	wanted := names("lock:", 10)
+	wantAll(t, h, wanted)
+	if n := asked.Load(); n <= 3 {
+		t.Fatalf("kind asked %d times, want more than the 3 that failed", n)
+	}
+	delivered(t, hub.Plain, rdb, rec, wanted)
 }
 
 // churn runs workers goroutines that each want and unwant random channels
@@ -72,7 +122,7 @@ func TestSuspectRepairsOnlyThatChannel(t *testing.T) {
 	h, rec := start(t, rdb)
 	wanted := names("lock:", 200)
 	wantAll(t, h, wanted)
-	delivered(t, rdb, rec, wanted)
+	delivered(t, hub.Sharded, rdb, rec, wanted)
 
 	calls := func() int {
 		n := 0
@@ -96,7 +146,7 @@ func TestSuspectRepairsOnlyThatChannel(t *testing.T) {
 			t.Errorf("Gap called for %s, which was not suspected", ch)
 		}
 	}
-	delivered(t, rdb, rec, wanted)
+	delivered(t, hub.Sharded, rdb, rec, wanted)
 }
 
 // Close while subscriptions are in flight and connections are being killed
@@ -105,7 +155,7 @@ func TestCloseInFlight(t *testing.T) {
 	nodes := redistest.Cluster(t, 3)
 	rdb := redistest.ClusterClient(t, nodes)
 	for round := range 5 {
-		h := hub.New(rdb, newRecorder(), nil)
+		h := hub.New(rdb, newRecorder(), nil, nil)
 		for _, ch := range names("lock:", 200) {
 			h.Want(ch)
 		}

@@ -56,6 +56,10 @@ func (h *Hub) place() time.Duration {
 	}
 	where := make([]target, len(due))
 	for i, name := range due {
+		if i > 0 && h.cluster == nil {
+			where[i] = where[0] // one server, one answer: ask kind once
+			continue
+		}
 		where[i] = h.locate(name)
 	}
 	var dropped []*conn
@@ -164,21 +168,24 @@ func (h *Hub) tick(n int) {
 	}
 }
 
-// target is where a channel is to be subscribed: the server's address and
-// the client that makes PubSubs to it.
+// target is where a channel is to be subscribed: the server's address, the
+// client that makes PubSubs to it, and with which kind of pub/sub.
 type target struct {
-	addr string
-	src  interface {
+	addr  string
+	plain bool
+	src   interface {
 		SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
 	}
 	err error
 }
 
 // locate returns where channel lives now: on a Cluster, the master of its
-// slot in the client's slot map; otherwise the one server.
+// slot in the client's slot map; otherwise the one server, where a
+// connection of either kind hears every channel.
 func (h *Hub) locate(channel string) target {
 	if h.cluster == nil {
-		return target{src: h.rdb}
+		k, err := h.kind(h.ctx)
+		return target{plain: k == Plain, src: h.rdb, err: err}
 	}
 	node, err := h.cluster.MasterForKey(h.ctx, channel)
 	if err != nil {
@@ -195,8 +202,9 @@ func (h *Hub) connTo(t target) *conn {
 	}
 	c := &conn{
 		addr:    t.addr,
+		plain:   t.plain,
 		born:    time.Now(),
-		ps:      t.src.SSubscribe(h.ctx),
+		ps:      t.src.SSubscribe(h.ctx), // without channels: a PubSub of either kind
 		leaving: map[string]int{},
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),

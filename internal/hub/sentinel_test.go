@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dlock-go/dlock/internal/hub"
 	"github.com/dlock-go/dlock/internal/redistest"
 )
 
@@ -19,13 +20,13 @@ func TestSentinelFailover(t *testing.T) {
 	h, rec := start(t, rdb)
 	wanted := names("lock:", 50)
 	wantAll(t, h, wanted)
-	delivered(t, rdb, rec, wanted)
+	delivered(t, hub.Sharded, rdb, rec, wanted)
 
 	before := rec.gapsOf(wanted)
 	r.Failover(t) // r.Primary is the promoted replica from here on
 	gapsAtLeast(t, rec, wanted, before)
-	subscribedOn(t, []*redistest.Server{r.Primary, r.Replica}, wanted, nil)
-	delivered(t, rdb, rec, wanted)
+	subscribedOn(t, hub.Sharded, []*redistest.Server{r.Primary, r.Replica}, wanted, nil)
+	delivered(t, hub.Sharded, rdb, rec, wanted)
 }
 
 // After a Sentinel failover and before the sentinels reconfigure the demoted
@@ -39,7 +40,7 @@ func TestSentinelSuspectFollowsPrimary(t *testing.T) {
 	h, rec := start(t, rdb)
 	wanted := names("lock:", 20)
 	wantAll(t, h, wanted)
-	delivered(t, rdb, rec, wanted)
+	delivered(t, hub.Sharded, rdb, rec, wanted)
 	time.Sleep(time.Second) // the connection is old enough to be made again (hub.recycleAfter)
 
 	r.Failover(t) // r.Primary is the promoted replica from here on
@@ -61,5 +62,5 @@ func TestSentinelSuspectFollowsPrimary(t *testing.T) {
 	if err != nil || len(role) == 0 || role[0] != "master" {
 		t.Fatalf("the channels moved only once the sentinels reconfigured the old primary (ROLE %v, %v): Suspect did not repair", role, err)
 	}
-	delivered(t, rdb, rec, wanted)
+	delivered(t, hub.Sharded, rdb, rec, wanted)
 }

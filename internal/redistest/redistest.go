@@ -53,6 +53,11 @@ type Options struct {
 	// Sentinel runs redis-server in Sentinel mode, with a config file of
 	// its own in the data directory (Sentinel rewrites it).
 	Sentinel bool
+	// NoShardedPubSub renames SPUBLISH, SSUBSCRIBE and SUNSUBSCRIBE away
+	// (rename-command NAME ""), so that the server answers them, from
+	// clients and scripts alike, as a Redis before 7.0 does: unknown
+	// command.
+	NoShardedPubSub bool
 }
 
 // Server is one redis-server process on 127.0.0.1, started by
@@ -134,6 +139,11 @@ func config(t testing.TB, opts []Options) redisproc.Config {
 	}
 	if fsync != "" {
 		args = append(args, "--appendfsync", fsync)
+	}
+	if o.NoShardedPubSub {
+		for _, cmd := range []string{"spublish", "ssubscribe", "sunsubscribe"} {
+			args = append(args, "--rename-command", cmd, "")
+		}
 	}
 	return redisproc.Config{Bin: bin, Args: append(args, o.Args...), Sentinel: o.Sentinel}
 }

@@ -54,6 +54,19 @@ func TestStartSetGet(t *testing.T) {
 	}
 }
 
+func TestNoShardedPubSub(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{NoShardedPubSub: true}).Client(t)
+	for _, cmd := range [][]any{{"SPUBLISH", "ch", "m"}, {"EVAL", "return redis.call('SPUBLISH', 'ch', 'm')", "0"}} {
+		if err := c.Do(ctx(t), cmd...).Err(); err == nil || !strings.Contains(strings.ToLower(err.Error()), "unknown") {
+			t.Errorf("%v: %v, want an unknown command error", cmd, err)
+		}
+	}
+	if err := c.Publish(ctx(t), "ch", "m").Err(); err != nil {
+		t.Errorf("PUBLISH: %v", err)
+	}
+}
+
 func TestOptionsAndDebug(t *testing.T) {
 	t.Parallel()
 	s := Start(t, Options{AOF: true, Args: []string{"--maxmemory", "10mb"}})

@@ -184,7 +184,26 @@ const (
 const (
 	ErrForeign = "DLOCK_FOREIGN " // the key is not a dlock lock of this kind; what it is follows
 	ErrSize    = "DLOCK_SIZE "    // a semaphore in use with another size; that size follows
+	ErrArg     = "DLOCK_ARG "     // an argument the script does not accept; which one follows
 )
+
+// The publish commands, which the scripts that publish (release.lua,
+// sem.lua, force_unlock.lua) take as their last argument. Subscribers hear
+// only their own kind: SSUBSCRIBE hears SPUBLISH, SUBSCRIBE hears PUBLISH.
+// Every client of a server must therefore use the same one: sharded on a
+// Cluster and on any server that has SPUBLISH (Redis 7.0 and later), plain
+// on a server without it (earlier Redis, miniredis). A script given no
+// publish command uses SPUBLISH.
+const (
+	PublishSharded = "SPUBLISH"
+	PublishPlain   = "PUBLISH"
+)
+
+// ProbeChannel is the channel on which a client publishes one empty message
+// to learn whether the server has SPUBLISH (an "unknown command" reply says
+// it has not). Nobody subscribes to it, and no lock's channel has its name:
+// every lock channel has a '{' right after the prefix.
+func ProbeChannel(prefix string) string { return prefix + "probe" }
 
 // HandOver is the message "g FENCE TOKEN" that tells the waiter holding
 // TOKEN that it now owns the lock with FENCE.

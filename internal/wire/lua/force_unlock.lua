@@ -6,14 +6,19 @@
 --          the holder (as in release.lua)
 -- ARGV[2]  wake-up channel (the key's name); the message is the fence
 -- ARGV[3]  the token that must be the holder, or "" for whoever holds it
+-- ARGV[4]  the publish command: SPUBLISH (also when absent) or PUBLISH (as in
+--          release.lua)
 -- Returns  {1, token, fence}  removed that holder
 --          {0, fence}         not held ("" when there is no key)
 --          {2, token, fence}  held by another token than ARGV[3]; unchanged
 -- Errors   DLOCK_FOREIGN <what>  the key is not a dlock mutex
+--          DLOCK_ARG <what>      ARGV[4] is not a publish command
 -- The fence counter is kept and moved on by one, so fences keep increasing
 -- and the removed holder's own Unlock reports the loss (release.lua takes
 -- "no owner, fence unchanged" for its own earlier release).
 local key = KEYS[1]
+local pub = ARGV[4] or 'SPUBLISH'
+if pub ~= 'SPUBLISH' and pub ~= 'PUBLISH' then return redis.error_reply('DLOCK_ARG publish command ' .. pub) end
 local h = redis.call('HMGET', key, 'o', 'f', 'k')
 if h[3] then return redis.error_reply('DLOCK_FOREIGN dlock ' .. h[3]) end
 if not h[2] then
@@ -29,5 +34,5 @@ if ARGV[3] ~= '' and h[1] ~= ARGV[3] then return {2, h[1], h[2]} end
 redis.call('HDEL', key, 'o')
 redis.call('HSET', key, 'f', string.format('%.0f', tonumber(h[2]) + 1))
 redis.call('PEXPIRE', key, ARGV[1])
-redis.call('SPUBLISH', ARGV[2], h[2])
+redis.call(pub, ARGV[2], h[2])
 return {1, h[1], h[2]}

@@ -8,15 +8,20 @@
 -- ARGV[1]  owner token
 -- ARGV[2]  the fence this token was granted
 -- ARGV[3]  idle period in milliseconds: how long the fence outlives the holder
--- ARGV[4]  wake-up channel (sharded pub/sub; the key's name, so the key's slot);
---          the message is the released fence, so waiters can tell a release of
---          the holder they saw from an older one
+-- ARGV[4]  wake-up channel (the key's name, so the key's slot); the message
+--          is the released fence, so waiters can tell a release of the holder
+--          they saw from an older one
+-- ARGV[5]  the publish command: SPUBLISH (also when absent), or PUBLISH on a
+--          server without sharded pub/sub (see wire.PublishPlain)
 -- Returns  3  handed over to the next waiter: published "g FENCE TOKEN" on
 --             that waiter's own channel (only its Client wakes up)
 --          1  released, nobody alive in line: published the released fence
 --          2  already released or handed over by this same holding (a retry)
 --          0  not the owner: the lease was lost (expired, taken, or deleted)
+-- Errors   DLOCK_ARG <what>  ARGV[5] is not a publish command
 local key, token = KEYS[1], ARGV[1]
+local pub = ARGV[5] or 'SPUBLISH'
+if pub ~= 'SPUBLISH' and pub ~= 'PUBLISH' then return redis.error_reply('DLOCK_ARG publish command ' .. pub) end
 local h = redis.call('HMGET', key, 'o', 'f', 'p', 'w')
 if h[1] ~= token then
   -- The fence changes only with a new grant: no owner and our fence means
@@ -46,7 +51,7 @@ if KEYS[3] and h[4] then
         -- waiter's place would: a waiter that died in line costs at most that.
         redis.call('HSET', key, 'o', w, 'f', fs, 'p', ARGV[2])
         redis.call('PEXPIRE', key, math.min(tonumber(wttl), 2 * (tonumber(deadline) - now) + 1000))
-        redis.call('SPUBLISH', wch, 'g ' .. fs .. ' ' .. w)
+        redis.call(pub, wch, 'g ' .. fs .. ' ' .. w)
         return 3
       end
     end
@@ -55,5 +60,5 @@ if KEYS[3] and h[4] then
 end
 redis.call('HDEL', key, 'o', 'w')
 redis.call('PEXPIRE', key, ARGV[3])
-redis.call('SPUBLISH', ARGV[4], ARGV[2])
+redis.call(pub, ARGV[4], ARGV[2])
 return 1

@@ -9,11 +9,13 @@
 -- KEYS[4]  the waiters: hash token -> "deadline_ms,ttl_ms,permits,channel"
 --          (the channel last: a lock name may contain any byte, commas too)
 -- ARGV[1]  the operation:
---   a token ttl live join channel n size kind idle   acquire (or keep a place in line)
---   r token idle                                     release
---   l token idle                                     leave the line, or release if granted
---   e token ttl idle                                 extend a holding
---   t token                                          remaining ms of a holding
+--   a token ttl live join channel n size kind idle pub   acquire (or keep a place in line)
+--   r token idle pub                                     release
+--   l token idle pub                                     leave the line, or release if granted
+--   e token ttl idle                                     extend a holding
+--   t token                                              remaining ms of a holding
+--   (pub: the publish command for hand-overs, SPUBLISH, also when absent, or
+--   PUBLISH on a server without sharded pub/sub; see release.lua)
 -- Replies: a -> {1, fence} held; {1, fence, 1} already held (handed over, or
 --               a retry); {0, wait_ms, fence} not (in line if join = "1")
 --          r -> 1 released, 0 not a holder (lost)
@@ -21,6 +23,7 @@
 --          e -> 1 extended, 0 not a holder;  t -> ms, or -1 if not a holder
 -- Errors:  DLOCK_FOREIGN <what>   the key is not a dlock lock of this kind
 --          DLOCK_SIZE <size>      the semaphore is in use with another size
+--          DLOCK_ARG <what>       pub is not a publish command
 -- The common paths are kept short (6 commands to take a free permit, 4 to
 -- give one back): the clock is read, the line looked at and expired holdings
 -- pruned only when needed. An expired holding that was not pruned yet still
@@ -28,6 +31,8 @@
 -- still release (or, handed over, take) them.
 local main, holders, line, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local op, token = ARGV[1], ARGV[2]
+local pub = (op == 'a' and ARGV[11]) or ((op == 'r' or op == 'l') and ARGV[4]) or 'SPUBLISH'
+if pub ~= 'SPUBLISH' and pub ~= 'PUBLISH' then return redis.error_reply('DLOCK_ARG publish command ' .. pub) end
 local st = redis.call('HMGET', main, 'k', 's', 'u', 'f', 'h:' .. token, 'q')
 local size, used, fence = tonumber(st[2]), tonumber(st[3]) or 0, tonumber(st[4]) or 0
 local held = st[5] -- "permits,fence" if token holds permits
@@ -109,7 +114,7 @@ local function serve()
         -- Until the new holder renews, its lease lasts no longer than its
         -- place in line would have: a waiter that died in line costs little.
         local f = give(w, wn, math.min(tonumber(wttl), 2 * (tonumber(dl) - now) + 1000))
-        redis.call('SPUBLISH', wch, 'g ' .. fmt(f) .. ' ' .. w)
+        redis.call(pub, wch, 'g ' .. fmt(f) .. ' ' .. w)
       end
     else
       redis.call('LPOP', line)

@@ -1,0 +1,67 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Kind is which pub/sub a hub subscribes with. A subscriber hears only
+// messages published with its own kind: SSUBSCRIBE hears SPUBLISH, and
+// SUBSCRIBE hears PUBLISH.
+type Kind uint8
+
+const (
+	// Sharded is SSUBSCRIBE and SPUBLISH: Redis 7.0 and later, and always on
+	// a Cluster, where each channel lives on the master of its slot.
+	Sharded Kind = iota + 1
+	// Plain is SUBSCRIBE and PUBLISH, for a single server (or Sentinel)
+	// without SPUBLISH: Redis before 7.0, miniredis, a server with the
+	// command renamed away. Off Cluster a channel has one home either way,
+	// the one server, so the hub behaves the same in both kinds.
+	Plain
+)
+
+// String names the kind: "sharded", "plain" (or "unknown").
+func (k Kind) String() string {
+	switch k {
+	case Sharded:
+		return "sharded"
+	case Plain:
+		return "plain"
+	}
+	return "unknown"
+}
+
+// Detect finds out which kind of pub/sub rdb's server offers. A Cluster is
+// Sharded without asking (dlock needs Redis 7.0 there). Otherwise it
+// publishes one empty message with SPUBLISH on probe, a channel nobody
+// subscribes to: a server that answers it does not know the command is
+// Plain; any other reply, errors such as NOPERM included, shows that it
+// knows SPUBLISH, so it is Sharded. An error means it could not tell (the
+// server did not answer): ask again later.
+func Detect(ctx context.Context, rdb redis.UniversalClient, probe string) (Kind, error) {
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		return Sharded, nil
+	}
+	err := rdb.Do(ctx, "SPUBLISH", probe, "").Err()
+	var rerr redis.Error
+	switch {
+	case err == nil:
+		return Sharded, nil
+	case !errors.As(err, &rerr):
+		return 0, err
+	case unknownCommand(err.Error()):
+		return Plain, nil
+	}
+	return Sharded, nil
+}
+
+// unknownCommand reports whether a Redis error reply says that the command
+// does not exist: "ERR unknown command 'spublish', with args beginning
+// with: ..." (Redis quotes the name with ' and miniredis with `).
+func unknownCommand(msg string) bool {
+	return strings.HasPrefix(strings.ToLower(msg), "err unknown command")
+}
