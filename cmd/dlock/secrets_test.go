@@ -44,6 +44,14 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		"redis+cluster://admin:" + secret + "@127.0.0.1:1?addr=bad",
 		"redis+sentinel://admin:" + secret + "@127.0.0.1:1",
 		"redis+sentinel://admin:" + secret + "@127.0.0.1:1?master_name=m&max_retries=-1&dialer_retries=1",
+		// A password with characters that end the host early for the
+		// parsers, and text that is not a URL.
+		"redis://admin:" + secret + "?x@127.0.0.1:1",
+		"redis://admin:" + secret + "#x@127.0.0.1:1",
+		"redis://admin:" + secret + "/x@127.0.0.1:1",
+		"redis://admin:1234?" + secret + "@127.0.0.1:1",
+		"admin:" + secret + "@127.0.0.1:1",
+		"redis:/admin:" + secret + "@127.0.0.1:1",
 		"redis://default:" + secret + "x@" + s.Addr(), // rejected by the server
 		good + "/99", // a database the server does not have
 	}
@@ -133,6 +141,10 @@ func TestRedactURL(t *testing.T) {
 		"redis://h:1":                            "redis://h:1",
 		"not a url":                              "not a url",
 		"rediss+cluster://u:p@h:1?addr=h2:2&x=y": "rediss+cluster://u:xxxxx@h:1?addr=h2:2&x=y",
+		"u:p@h:1":                                "u:xxxxx@h:1",
+		"redis://u:p?q@h:1":                      "redis://u:xxxxx@h:1",
+		"redis://u:p#q@h:1":                      "redis://u:xxxxx@h:1",
+		"redis://h?pass%77ord=p":                 "redis://h?pass%77ord=xxxxx",
 	} {
 		if got := redactURL(in); got != want {
 			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
