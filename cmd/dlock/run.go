@@ -80,7 +80,8 @@ three environment variables:
   DLOCK_FENCE  the fencing token: larger than that of every earlier holder
                of NAME; pass it to storage that can reject stale writers
 
-and not a DLOCK_REDIS_URL that holds a password (--pass-redis-url).
+and a DLOCK_REDIS_URL that holds a password with the password replaced
+by xxxxx (--pass-redis-url passes it as it is).
 
 The lock covers COMMAND's process group, which a small dlock process leads
 (dlock __run-guard in ps). When COMMAND exits, what it left running in the
@@ -481,15 +482,17 @@ wait:
 }
 
 // commandEnv is COMMAND's environment: dlock's, with DLOCK_NAME,
-// DLOCK_TOKEN and DLOCK_FENCE, and without a DLOCK_REDIS_URL that holds a
-// password (unless --pass-redis-url): COMMAND is not told secrets it was
-// not given.
+// DLOCK_TOKEN and DLOCK_FENCE, and a DLOCK_REDIS_URL that holds a password
+// with the password replaced (unless --pass-redis-url): COMMAND is not told
+// secrets it was not given. It is replaced, not removed, so that a dlock
+// inside COMMAND fails to log in instead of taking its locks on the server
+// of $REDIS_URL or the default one, where they would exclude nobody.
 func commandEnv(f runFlags, lease *dlock.Lease) []string {
 	env := make([]string, 0, len(os.Environ())+3)
 	for _, kv := range os.Environ() {
 		k, v, _ := strings.Cut(kv, "=")
 		if k == "DLOCK_REDIS_URL" && !f.passRedisURL && hasSecret(v) {
-			continue
+			kv = k + "=" + redactURL(v)
 		}
 		env = append(env, kv)
 	}
