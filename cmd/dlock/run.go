@@ -415,6 +415,7 @@ func superviseRun(ctx context.Context, sigs <-chan os.Signal, lease *dlock.Lease
 	lost := lease.Context().Done()
 	leaseLost := false
 	var late os.Signal // a signal after the lease was lost: do not wait for the release
+	sentINT := false   // dlock forwarded a SIGINT: the keyboard's did not go to the group alone
 wait:
 	for {
 		select {
@@ -424,6 +425,7 @@ wait:
 			if ss, ok := s.(syscall.Signal); ok {
 				j.signal(ss)
 			}
+			sentINT = sentINT || s == syscall.SIGINT
 			if leaseLost {
 				late = s
 			}
@@ -475,7 +477,9 @@ wait:
 		// went to COMMAND's group alone if dlock had handed it the
 		// terminal: pass it on to the group that had it (a calling script
 		// without job control, a pipeline), as the keyboard would have.
-		dieWithGroup = tty >= 0 && res.sig == syscall.SIGINT
+		// Not a SIGINT sent to dlock alone and forwarded: nobody else in
+		// dlock's group got that one.
+		dieWithGroup = tty >= 0 && res.sig == syscall.SIGINT && !sentINT
 		return dieOf(res.sig, res.code)
 	}
 	return res.code
