@@ -62,7 +62,7 @@ const (
 )
 
 // runSignals are forwarded to COMMAND while it runs, and abort a wait for
-// the lock.
+// the lock, unless dlock was started ignoring them (startIgnored).
 var runSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
 
 const runUsage = `Usage: dlock run NAME [flags] -- COMMAND [ARGS...]
@@ -251,7 +251,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// Catch the signals before anything can block, so that none of them
 	// kills dlock while it holds the lock or waits for it.
 	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, runSignals...)
+	signal.Notify(sigs, notIgnored(runSignals...)...)
 	defer signal.Stop(sigs)
 
 	f, help, err := parseRunFlags(args, stdout)

@@ -428,3 +428,39 @@ func TestRunForwardedSIGINTEndsDlockAlone(t *testing.T) {
 		t.Errorf("the calling shell did not go on after dlock: exit %d, wrote %q; want 0 and \"dlock ended 130\"; terminal %q", code, after, p.out)
 	}
 }
+
+// A dlock started with SIGINT and SIGHUP ignored (a background job of a
+// script, nohup) leaves them ignored, for COMMAND too, as flock(1) does:
+// neither sent to dlock nor sent to COMMAND's group (as a terminal's
+// hangup is) does one end COMMAND.
+func TestRunStartedIgnoringINTAndHUP(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	p := startDlockWith(t, func(c *exec.Cmd) {
+		c.Env = append(c.Env, "DLOCK_REDIS_URL=redis://"+s.Addr(), "REDIS_URL=")
+		// The shell sets them ignored and becomes dlock.
+		c.Args = append([]string{"sh", "-c", `trap "" INT HUP; exec "$0" "$@"`, c.Path}, c.Args[1:]...)
+		c.Path = "/bin/sh"
+	}, "run", "started-ignoring", "--", "sh", "-c",
+		`trap "exit 7" TERM; echo "$PPID $(grep '^SigIgn:' /proc/$$/status | cut -f2)"; while :; do sleep 0.1; done`)
+	f := strings.Fields(p.line())
+	if len(f) != 2 {
+		t.Fatalf("COMMAND printed %q", f)
+	}
+	guard := pids(t, f[0])[0]
+	ign, err := strconv.ParseUint(f[1], 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGHUP} {
+		if ign&(1<<(sig-1)) == 0 {
+			t.Errorf("COMMAND starts with %v not ignored (SigIgn %s), though dlock was started ignoring it", sig, f[1])
+		}
+		p.signal(sig)
+		_ = syscall.Kill(-guard, sig)
+	}
+	p.signal(syscall.SIGTERM) // forwarded: the trap exits 7
+	if code := p.exit(); code != 7 {
+		t.Errorf("exit %d, want 7 (COMMAND's, on SIGTERM after SIGINT and SIGHUP); stderr %q", code, p.stderr)
+	}
+}

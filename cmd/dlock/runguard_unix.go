@@ -235,7 +235,9 @@ func runGuard(args []string, stderr io.Writer) int {
 	syscall.CloseOnExec(repFD)
 	g := &guard{pgid: os.Getpid(), report: report, leftovers: args[0], grace: grace}
 	caught := make(chan os.Signal, 16)
-	signal.Notify(caught, guardSignals...)
+	// Not those dlock was started ignoring (and the guard with them):
+	// COMMAND inherits them ignored.
+	signal.Notify(caught, notIgnored(guardSignals...)...)
 	adoptOrphans()
 
 	reqs := make(chan byte)
