@@ -96,8 +96,10 @@ nor stopped: it runs without the lock.
 
 SIGINT, SIGTERM and SIGHUP sent to dlock are forwarded to the group, then
 SIGCONT. If COMMAND dies of one of them, dlock releases the lock and dies of
-the same signal, so that a calling shell stops as it would for COMMAND. On
-a terminal, the group is made the foreground group (Linux).
+the same signal, so that a calling shell stops as it would for COMMAND.
+SIGINT or SIGHUP that dlock was started ignoring (a script's background
+job, nohup) stays ignored, for COMMAND too. On a terminal, the group is
+made the foreground group (Linux).
 
 --wait chooses what happens when NAME is held elsewhere: 0 (the default)
 gives up after one attempt, a duration such as 30s waits at most that long,
