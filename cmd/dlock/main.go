@@ -61,16 +61,14 @@ func register(c command) {
 }
 
 func main() {
-	// A shell starts background jobs with SIGINT (and nohup SIGHUP)
-	// ignored; dlock must not end by one it was started ignoring.
-	startIgnored := map[syscall.Signal]bool{
+	startIgnored = map[syscall.Signal]bool{
 		syscall.SIGINT: signal.Ignored(syscall.SIGINT),
 		syscall.SIGHUP: signal.Ignored(syscall.SIGHUP),
 	}
 	// SIGHUP too (the terminal went away): by default it would end dlock
 	// without its deferred clean-up, leaving e.g. market's private server's
 	// directory behind.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	ctx, stop := signal.NotifyContext(context.Background(), notIgnored(os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)...)
 	// After the first signal, restore the default handling so that a
 	// second one kills the process at once.
 	go func() { <-ctx.Done(); stop() }()
@@ -83,6 +81,26 @@ func main() {
 		raise(dieSignal, dieWithGroup)
 	}
 	os.Exit(code)
+}
+
+// startIgnored holds SIGINT and SIGHUP if dlock was started with them
+// ignored, as a shell starts a script's background jobs (SIGINT) and nohup
+// its command (SIGHUP). dlock leaves them ignored: it neither catches
+// them nor ends by them, and dlock run's COMMAND starts with them ignored
+// too, as it would without dlock.
+var startIgnored map[syscall.Signal]bool
+
+// notIgnored returns sigs without those dlock was started ignoring. sigs
+// must hold one that cannot be (SIGTERM): signal.Notify with no signal
+// would catch them all.
+func notIgnored(sigs ...os.Signal) []os.Signal {
+	var out []os.Signal
+	for _, s := range sigs {
+		if ss, ok := s.(syscall.Signal); !ok || !startIgnored[ss] {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // dieSignal, when a command sets it (through dieOf), makes dlock end

@@ -198,43 +198,74 @@ const redacted = "xxxxx"
 // redactURL returns raw with its secrets replaced by redacted: the
 // password of the user information (as url.URL.Redacted does) and the
 // value of every query parameter whose name contains "password". It works
-// on text, so that a URL that does not parse is redacted too.
+// on text, so that a URL that does not parse is redacted too, and so is
+// text that is not a URL at all (user:pass@host, without a scheme).
 func redactURL(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return raw
+	prefix, rest := cutScheme(raw)
+	if user, _, host, ok := cutPassword(rest); ok {
+		rest = user + redacted + host
 	}
 	head, query, hasQuery := strings.Cut(rest, "?")
-	// The user information ends at the last '@' before the query, so that
-	// a password holding an unescaped '@' or '/' is redacted whole.
-	if at := strings.LastIndexByte(head, '@'); at >= 0 {
-		if user, _, hasPass := strings.Cut(head[:at], ":"); hasPass {
-			head = user + ":" + redacted + head[at:]
-		}
-	}
 	if !hasQuery {
-		return scheme + "://" + head
+		return prefix + head
 	}
 	query, frag, hasFrag := strings.Cut(query, "#")
 	params := strings.Split(query, "&")
 	for i, kv := range params {
-		if k, _, ok := strings.Cut(kv, "="); ok && strings.Contains(strings.ToLower(k), "password") {
-			params[i] = k + "=" + redacted
+		k, _, ok := strings.Cut(kv, "=")
+		if dk, err := url.QueryUnescape(k); err == nil {
+			k = dk
+		}
+		if ok && strings.Contains(strings.ToLower(k), "password") {
+			params[i] = kv[:strings.IndexByte(kv, '=')] + "=" + redacted
 		}
 	}
-	out := scheme + "://" + head + "?" + strings.Join(params, "&")
+	out := prefix + head + "?" + strings.Join(params, "&")
 	if hasFrag {
 		out += "#" + frag
 	}
 	return out
 }
 
+// cutScheme splits raw after its "scheme://", if it has one.
+func cutScheme(raw string) (prefix, rest string) {
+	if scheme, r, ok := strings.Cut(raw, "://"); ok {
+		return scheme + "://", r
+	}
+	return "", raw
+}
+
+// cutPassword splits s, a URL after its "scheme://" (or text that is not a
+// URL), around the password of its user information: the text between the
+// first ':' and the last '@'. The last '@' of all, not the last before the
+// path or query: a password holding an unescaped '@', '/', '?' or '#' is
+// then cut whole (a query value holding '@' is taken for one too, and shown
+// redacted: the safe mistake).
+func cutPassword(s string) (user, password, host string, ok bool) {
+	at := strings.LastIndexByte(s, '@')
+	if at < 0 {
+		return "", "", "", false
+	}
+	u, p, ok := strings.Cut(s[:at], ":")
+	if !ok {
+		return "", "", "", false
+	}
+	return u + ":", p, s[at:], true
+}
+
 // hasSecret reports whether the URL raw holds a password.
 func hasSecret(raw string) bool { return redactURL(raw) != raw }
 
 // redactErr is err's message with the URL raw, wherever it appears (a
-// *url.Error quotes it whole), in its redacted form.
+// *url.Error quotes it whole), in its redacted form. A password holding an
+// unescaped '/', '?' or '#' ends the URL's host early for the parsers,
+// whose messages then quote pieces of it (a port, a truncated URL, an
+// option's name): such an error is replaced by one that says what to fix.
 func redactErr(err error, raw string) string {
+	_, rest := cutScheme(raw)
+	if _, pw, _, ok := cutPassword(rest); ok && strings.ContainsAny(pw, "/?#") {
+		return "the password holds an unescaped '/', '?' or '#': percent-encode them (%2F, %3F, %23)"
+	}
 	msg := err.Error()
 	var ue *url.Error
 	if errors.As(err, &ue) {

@@ -62,7 +62,7 @@ const (
 )
 
 // runSignals are forwarded to COMMAND while it runs, and abort a wait for
-// the lock.
+// the lock, unless dlock was started ignoring them (startIgnored).
 var runSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
 
 const runUsage = `Usage: dlock run NAME [flags] -- COMMAND [ARGS...]
@@ -80,7 +80,8 @@ three environment variables:
   DLOCK_FENCE  the fencing token: larger than that of every earlier holder
                of NAME; pass it to storage that can reject stale writers
 
-and not a DLOCK_REDIS_URL that holds a password (--pass-redis-url).
+and a DLOCK_REDIS_URL that holds a password with the password replaced
+by xxxxx (--pass-redis-url passes it as it is).
 
 The lock covers COMMAND's process group, which a small dlock process leads
 (dlock __run-guard in ps). When COMMAND exits, what it left running in the
@@ -95,8 +96,10 @@ nor stopped: it runs without the lock.
 
 SIGINT, SIGTERM and SIGHUP sent to dlock are forwarded to the group, then
 SIGCONT. If COMMAND dies of one of them, dlock releases the lock and dies of
-the same signal, so that a calling shell stops as it would for COMMAND. On
-a terminal, the group is made the foreground group (Linux).
+the same signal, so that a calling shell stops as it would for COMMAND.
+SIGINT or SIGHUP that dlock was started ignoring (a script's background
+job, nohup) stays ignored, for COMMAND too. On a terminal, the group is
+made the foreground group (Linux).
 
 --wait chooses what happens when NAME is held elsewhere: 0 (the default)
 gives up after one attempt, a duration such as 30s waits at most that long,
@@ -250,7 +253,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// Catch the signals before anything can block, so that none of them
 	// kills dlock while it holds the lock or waits for it.
 	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, runSignals...)
+	signal.Notify(sigs, notIgnored(runSignals...)...)
 	defer signal.Stop(sigs)
 
 	f, help, err := parseRunFlags(args, stdout)
@@ -414,6 +417,7 @@ func superviseRun(ctx context.Context, sigs <-chan os.Signal, lease *dlock.Lease
 	lost := lease.Context().Done()
 	leaseLost := false
 	var late os.Signal // a signal after the lease was lost: do not wait for the release
+	sentINT := false   // dlock forwarded a SIGINT: the keyboard's did not go to the group alone
 wait:
 	for {
 		select {
@@ -423,6 +427,7 @@ wait:
 			if ss, ok := s.(syscall.Signal); ok {
 				j.signal(ss)
 			}
+			sentINT = sentINT || s == syscall.SIGINT
 			if leaseLost {
 				late = s
 			}
@@ -474,22 +479,26 @@ wait:
 		// went to COMMAND's group alone if dlock had handed it the
 		// terminal: pass it on to the group that had it (a calling script
 		// without job control, a pipeline), as the keyboard would have.
-		dieWithGroup = tty >= 0 && res.sig == syscall.SIGINT
+		// Not a SIGINT sent to dlock alone and forwarded: nobody else in
+		// dlock's group got that one.
+		dieWithGroup = tty >= 0 && res.sig == syscall.SIGINT && !sentINT
 		return dieOf(res.sig, res.code)
 	}
 	return res.code
 }
 
 // commandEnv is COMMAND's environment: dlock's, with DLOCK_NAME,
-// DLOCK_TOKEN and DLOCK_FENCE, and without a DLOCK_REDIS_URL that holds a
-// password (unless --pass-redis-url): COMMAND is not told secrets it was
-// not given.
+// DLOCK_TOKEN and DLOCK_FENCE, and a DLOCK_REDIS_URL that holds a password
+// with the password replaced (unless --pass-redis-url): COMMAND is not told
+// secrets it was not given. It is replaced, not removed, so that a dlock
+// inside COMMAND fails to log in instead of taking its locks on the server
+// of $REDIS_URL or the default one, where they would exclude nobody.
 func commandEnv(f runFlags, lease *dlock.Lease) []string {
 	env := make([]string, 0, len(os.Environ())+3)
 	for _, kv := range os.Environ() {
 		k, v, _ := strings.Cut(kv, "=")
 		if k == "DLOCK_REDIS_URL" && !f.passRedisURL && hasSecret(v) {
-			continue
+			kv = k + "=" + redactURL(v)
 		}
 		env = append(env, kv)
 	}

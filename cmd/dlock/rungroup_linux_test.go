@@ -389,3 +389,78 @@ func TestRunCtrlCAfterCtrlZ(t *testing.T) {
 		t.Errorf("exit %d, want %d; terminal %q", code, 128+int(syscall.SIGINT), p.out)
 	}
 }
+
+// A SIGINT sent to dlock alone (kill -INT, not the terminal's Ctrl-C) and
+// forwarded to COMMAND ends dlock alone, on a terminal too: the calling
+// shell then goes on, as it would if COMMAND had been sent SIGINT, and
+// the rest of dlock's process group is not interrupted.
+func TestRunForwardedSIGINTEndsDlockAlone(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	dir := t.TempDir()
+	script := `"$0" run forwarded-int -- sh -c 'echo $PPID > "$1/guard.tmp"; mv "$1/guard.tmp" "$1/guard"; exec sleep 317' sh "$1"; echo "dlock ended $?" > "$1/after"`
+	p := startOnPTY(t, s.Addr(), "bash", "-c", script, dlockBinary(t), dir)
+	var guard int
+	deadline := time.Now().Add(procTimeout)
+	for guard == 0 {
+		if b, err := os.ReadFile(filepath.Join(dir, "guard")); err == nil {
+			guard = pids(t, string(b))[0]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("COMMAND did not start within %v; terminal: %q", procTimeout, p.out)
+		} else {
+			time.Sleep(pollEvery)
+		}
+	}
+	f := procStat(guard)
+	if len(f) < 2 {
+		t.Fatalf("the guard (pid %d) is gone", guard)
+	}
+	dlockPID, err := strconv.Atoi(f[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(dlockPID, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	code := p.end()
+	after, _ := os.ReadFile(filepath.Join(dir, "after"))
+	if code != 0 || string(after) != "dlock ended 130\n" {
+		t.Errorf("the calling shell did not go on after dlock: exit %d, wrote %q; want 0 and \"dlock ended 130\"; terminal %q", code, after, p.out)
+	}
+}
+
+// A dlock started with SIGINT and SIGHUP ignored (a background job of a
+// script, nohup) leaves them ignored, for COMMAND too, as flock(1) does:
+// neither sent to dlock nor sent to COMMAND's group (as a terminal's
+// hangup is) does one end COMMAND.
+func TestRunStartedIgnoringINTAndHUP(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	p := startDlockWith(t, func(c *exec.Cmd) {
+		c.Env = append(c.Env, "DLOCK_REDIS_URL=redis://"+s.Addr(), "REDIS_URL=")
+		// The shell sets them ignored and becomes dlock.
+		c.Args = append([]string{"sh", "-c", `trap "" INT HUP; exec "$0" "$@"`, c.Path}, c.Args[1:]...)
+		c.Path = "/bin/sh"
+	}, "run", "started-ignoring", "--", "sh", "-c",
+		`trap "exit 7" TERM; echo "$PPID $(grep '^SigIgn:' /proc/$$/status | cut -f2)"; while :; do sleep 0.1; done`)
+	f := strings.Fields(p.line())
+	if len(f) != 2 {
+		t.Fatalf("COMMAND printed %q", f)
+	}
+	guard := pids(t, f[0])[0]
+	ign, err := strconv.ParseUint(f[1], 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGHUP} {
+		if ign&(1<<(sig-1)) == 0 {
+			t.Errorf("COMMAND starts with %v not ignored (SigIgn %s), though dlock was started ignoring it", sig, f[1])
+		}
+		p.signal(sig)
+		_ = syscall.Kill(-guard, sig)
+	}
+	p.signal(syscall.SIGTERM) // forwarded: the trap exits 7
+	if code := p.exit(); code != 7 {
+		t.Errorf("exit %d, want 7 (COMMAND's, on SIGTERM after SIGINT and SIGHUP); stderr %q", code, p.stderr)
+	}
+}

@@ -5,13 +5,15 @@
 // stopped together and nothing outlives the lock, even if dlock itself
 // dies.
 //
-// dlock starts the guard (the hidden command guardCommand) with two pipes.
-// On the first, dlock sends one byte per request: a signal number to
-// forward, or 0 when the lease is lost. End of file on it means dlock has
-// gone (exited, or killed with SIGKILL): the guard kills the whole group at
-// once, before the lease can expire. On the second, the guard reports how
-// COMMAND ended; the guard exits once nothing of the group is left to wait
-// for, and dlock releases the lock only then.
+// dlock starts the guard (the hidden command guardCommand) with two pipes,
+// at the descriptor numbers they have in dlock (given as arguments), so
+// that the descriptors dlock was given (a caller's fds 3 and 4, say) reach
+// COMMAND as they are. On the first, dlock sends one byte per request: a
+// signal number to forward, or 0 when the lease is lost. End of file on it
+// means dlock has gone (exited, or killed with SIGKILL): the guard kills
+// the whole group at once, before the lease can expire. On the second, the
+// guard reports how COMMAND ended; the guard exits once nothing of the
+// group is left to wait for, and dlock releases the lock only then.
 //
 // The group's id is the guard's pid, so it cannot be reused (nor a signal
 // to the group reach a stranger) while the guard lives, nor afterwards
@@ -33,6 +35,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // guardCommand is the hidden command that runs the guard. It is not listed
@@ -41,13 +45,6 @@ const guardCommand = "__run-guard"
 
 // lostByte, sent on the request pipe, says the lease was lost.
 const lostByte = 0
-
-// guardFDs are the descriptors of the request and report pipes in the
-// guard (ExtraFiles 0 and 1).
-const (
-	guardRequestFD = 3
-	guardReportFD  = 4
-)
 
 // guardJob is dlock's side of a guard.
 type guardJob struct {
@@ -70,16 +67,25 @@ func startJob(f runFlags, env []string, stdout, stderr io.Writer, tty int) (job,
 	}
 	repR, repW, err := os.Pipe()
 	if err != nil {
-		_ = reqR.Close()
-		_ = reqW.Close()
+		closeAll(reqR, reqW)
 		return nil, err
 	}
-	args := append([]string{guardCommand, f.leftovers, f.killGrace.String(), "--"}, f.command...)
+	// The guard's ends keep their numbers in the guard (ExtraFiles would
+	// move them to 3 and 4, in place of what the caller passed there): they
+	// are made inheritable just for this start, which is the only process
+	// dlock starts. Fd also puts them in blocking mode, for the guard.
+	reqFD, repFD := int(reqR.Fd()), int(repW.Fd())
+	for _, fd := range []int{reqFD, repFD} {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
+			closeAll(reqR, reqW, repR, repW)
+			return nil, err
+		}
+	}
+	args := append([]string{guardCommand, f.leftovers, f.killGrace.String(), strconv.Itoa(reqFD), strconv.Itoa(repFD), "--"}, f.command...)
 	cmd := exec.Command(self, args...)
 	cmd.Args[0] = os.Args[0] // ps shows "dlock __run-guard ... COMMAND"
 	cmd.Env = env
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	cmd.ExtraFiles = []*os.File{reqR, repW}
 	// Output that is not a file is copied through pipes, which a process
 	// that left the group may hold open.
 	cmd.WaitDelay = time.Second
@@ -88,11 +94,9 @@ func startJob(f runFlags, env []string, stdout, stderr io.Writer, tty int) (job,
 		cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, tty
 	}
 	err = cmd.Start()
-	_ = reqR.Close()
-	_ = repW.Close()
+	closeAll(reqR, repW)
 	if err != nil {
-		_ = reqW.Close()
-		_ = repR.Close()
+		closeAll(reqW, repR)
 		return nil, err
 	}
 	j := &guardJob{cmd: cmd, requests: reqW, ended: make(chan struct{})}
@@ -105,6 +109,13 @@ func startJob(f runFlags, env []string, stdout, stderr io.Writer, tty int) (job,
 		}
 	}()
 	return j, nil
+}
+
+// closeAll closes files whose close errors tell nothing (pipe ends).
+func closeAll(files ...*os.File) {
+	for _, f := range files {
+		_ = f.Close()
+	}
 }
 
 // ignoreWhileRunning makes a write to a closed pipe fail with EPIPE
@@ -203,25 +214,30 @@ type guard struct {
 	kill      <-chan time.Time
 }
 
-// runGuard is the guard process: "dlock __run-guard LEFTOVERS GRACE --
-// COMMAND...". It returns its exit code, which nobody reads: what matters
-// goes on the report pipe.
+// runGuard is the guard process: "dlock __run-guard LEFTOVERS GRACE
+// REQUESTFD REPORTFD -- COMMAND...". It returns its exit code, which nobody
+// reads: what matters goes on the report pipe.
 func runGuard(args []string, stderr io.Writer) int {
-	if len(args) < 4 || args[2] != "--" {
+	if len(args) < 6 || args[4] != "--" {
 		fmt.Fprintf(stderr, "dlock: %s is started by dlock run only\n", guardCommand)
 		return exitUsage
 	}
 	grace, err := time.ParseDuration(args[1])
-	if err != nil || !isPipe(guardRequestFD) || !isPipe(guardReportFD) || syscall.Getpgrp() != os.Getpid() {
+	reqFD, reqErr := strconv.Atoi(args[2])
+	repFD, repErr := strconv.Atoi(args[3])
+	if err != nil || reqErr != nil || repErr != nil || reqFD < 3 || repFD < 3 || reqFD == repFD ||
+		!isPipe(reqFD) || !isPipe(repFD) || syscall.Getpgrp() != os.Getpid() {
 		fmt.Fprintf(stderr, "dlock: %s is started by dlock run only\n", guardCommand)
 		return exitUsage
 	}
-	requests, report := os.NewFile(guardRequestFD, "requests"), os.NewFile(guardReportFD, "report")
-	syscall.CloseOnExec(guardRequestFD) // COMMAND must not keep them open
-	syscall.CloseOnExec(guardReportFD)
+	requests, report := os.NewFile(uintptr(reqFD), "requests"), os.NewFile(uintptr(repFD), "report")
+	syscall.CloseOnExec(reqFD) // COMMAND must not keep them open
+	syscall.CloseOnExec(repFD)
 	g := &guard{pgid: os.Getpid(), report: report, leftovers: args[0], grace: grace}
 	caught := make(chan os.Signal, 16)
-	signal.Notify(caught, guardSignals...)
+	// Not those dlock was started ignoring (and the guard with them):
+	// COMMAND inherits them ignored.
+	signal.Notify(caught, notIgnored(guardSignals...)...)
 	adoptOrphans()
 
 	reqs := make(chan byte)
@@ -243,7 +259,7 @@ func runGuard(args []string, stderr io.Writer) int {
 	// never signalled after it has been reaped (and could be reused).
 	chld := make(chan os.Signal, 1)
 	signal.Notify(chld, syscall.SIGCHLD)
-	g.cmd = exec.Command(args[3], args[4:]...)
+	g.cmd = exec.Command(args[5], args[6:]...)
 	g.cmd.Stdin, g.cmd.Stdout, g.cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	if err := g.cmd.Start(); err != nil {
 		code := exitCannotRun

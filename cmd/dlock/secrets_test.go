@@ -44,6 +44,14 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		"redis+cluster://admin:" + secret + "@127.0.0.1:1?addr=bad",
 		"redis+sentinel://admin:" + secret + "@127.0.0.1:1",
 		"redis+sentinel://admin:" + secret + "@127.0.0.1:1?master_name=m&max_retries=-1&dialer_retries=1",
+		// A password with characters that end the host early for the
+		// parsers, and text that is not a URL.
+		"redis://admin:" + secret + "?x@127.0.0.1:1",
+		"redis://admin:" + secret + "#x@127.0.0.1:1",
+		"redis://admin:" + secret + "/x@127.0.0.1:1",
+		"redis://admin:1234?" + secret + "@127.0.0.1:1",
+		"admin:" + secret + "@127.0.0.1:1",
+		"redis:/admin:" + secret + "@127.0.0.1:1",
 		"redis://default:" + secret + "x@" + s.Addr(), // rejected by the server
 		good + "/99", // a database the server does not have
 	}
@@ -89,8 +97,8 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	check(t, "run --wait on a paused server", waiter)
 }
 
-// COMMAND is not given a DLOCK_REDIS_URL that holds a password, unless
-// --pass-redis-url asks for it; one without a password is passed on.
+// COMMAND is not given the password of a DLOCK_REDIS_URL that holds one,
+// unless --pass-redis-url asks for it; one without a password is passed on.
 func TestRunDoesNotPassRedisPassword(t *testing.T) {
 	t.Parallel()
 	s := withPassword(t, redistest.Start(t))
@@ -98,8 +106,8 @@ func TestRunDoesNotPassRedisPassword(t *testing.T) {
 	env := []string{"DLOCK_REDIS_URL=" + url, "REDIS_URL="}
 	script := `echo "url=${DLOCK_REDIS_URL-unset}"`
 	p := startDlockEnv(t, env, "run", "secret-env", "--", "sh", "-c", script)
-	if l := p.line(); l != "url=unset" {
-		t.Errorf("COMMAND got %q, want no DLOCK_REDIS_URL", l)
+	if l := p.line(); l != "url="+redactURL(url) {
+		t.Errorf("COMMAND got %q, want the URL without its password", l)
 	}
 	if code := p.exit(); code != 0 {
 		t.Errorf("exit %d; stderr %q", code, p.stderr)
@@ -121,6 +129,31 @@ func TestRunDoesNotPassRedisPassword(t *testing.T) {
 	}
 }
 
+// A DLOCK_REDIS_URL withheld from COMMAND (it holds a password) does not
+// make a dlock run inside COMMAND lock on another server ($REDIS_URL or the
+// default) instead, where it would exclude nobody: that dlock fails, and
+// takes no lock anywhere.
+func TestRunWithheldURLNotReplaced(t *testing.T) {
+	t.Parallel()
+	locks := withPassword(t, redistest.Start(t))
+	other := redistest.Start(t)
+	env := []string{"DLOCK_REDIS_URL=redis://default:" + secret + "@" + locks.Addr(), "REDIS_URL=redis://" + other.Addr()}
+	p := startDlockEnv(t, env, "run", "outer", "--", "sh", "-c", `"$0" run inner -- true; echo "inner exit $?"`, dlockBinary(t))
+	l := p.line()
+	if code := p.exit(); code != 0 {
+		t.Errorf("outer run: exit %d; stderr %q", code, p.stderr)
+	}
+	if n := other.Client(t).Exists(t.Context(), "dlock:{inner}").Val(); n != 0 {
+		t.Errorf("the inner dlock run took its lock on $REDIS_URL's server (%s), not the outer one's", l)
+	}
+	if l == "inner exit 0" {
+		t.Errorf("the inner dlock run succeeded without the password; stderr %q", p.stderr)
+	}
+	if strings.Contains(p.stderr.String(), secret) {
+		t.Errorf("the password was printed: %q", p.stderr)
+	}
+}
+
 func TestRedactURL(t *testing.T) {
 	for in, want := range map[string]string{
 		"redis://u:p@h:1/2":                      "redis://u:xxxxx@h:1/2",
@@ -133,6 +166,10 @@ func TestRedactURL(t *testing.T) {
 		"redis://h:1":                            "redis://h:1",
 		"not a url":                              "not a url",
 		"rediss+cluster://u:p@h:1?addr=h2:2&x=y": "rediss+cluster://u:xxxxx@h:1?addr=h2:2&x=y",
+		"u:p@h:1":                                "u:xxxxx@h:1",
+		"redis://u:p?q@h:1":                      "redis://u:xxxxx@h:1",
+		"redis://u:p#q@h:1":                      "redis://u:xxxxx@h:1",
+		"redis://h?pass%77ord=p":                 "redis://h?pass%77ord=xxxxx",
 	} {
 		if got := redactURL(in); got != want {
 			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
