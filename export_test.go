@@ -1,5 +1,10 @@
 package dlock
 
+import (
+	"fmt"
+	"time"
+)
+
 // QueuedLocally returns how many of c's default-mode Lock calls wait in c's
 // queue for the lock called name, and whether the first of them sleeps in
 // line at Redis (so that a holder of c may pass it the lock). Tests wait for
@@ -49,4 +54,16 @@ func Pending(l *Lease) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.st == pending
+}
+
+// Describe tells what the holding behind l believes, for a test's failure
+// message: its state, how long until its deadline, and the request that
+// proved it (sent how long ago, with what TTL), and any doubt.
+func Describe(l *Lease) string {
+	h := l.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	return fmt.Sprintf("state %d, deadline in %v, proved by a request sent %v ago with TTL %v, doubt %v, ttl %v, contended %v, acqDoubt %v",
+		h.st, h.deadline.Sub(now).Round(time.Millisecond), now.Sub(h.proofAt).Round(time.Millisecond), h.proofTTL, h.doubt, h.ttl, h.contended, h.acqDoubt)
 }

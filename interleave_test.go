@@ -257,6 +257,7 @@ func (w *interleaving) newClient() *ilClient {
 	ms, f, p, sf := time.Millisecond, w.prof.faults, w.prof.passes, w.prof.subs
 	in := faults.New(faults.Config{
 		Seed:    w.seed*1000 + uint64(gen),
+		Epoch:   w.epoch, // its events' times are the run's
 		Scripts: engineScripts(t),
 		Rules: []faults.Rule{
 			{Script: "pass", Kind: faults.LoseReply, P: p, Max: 300 * ms},
@@ -777,7 +778,8 @@ func (w *interleaving) checkRedis() {
 		}
 		tok := o.l.Token()
 		if holders == nil && owner != tok || holders != nil && holders[tok] == 0 {
-			w.failf("%v is believed valid, but Redis (read at %.3fs) names owner %q, live holders %v", o, read.Seconds(), owner, holders)
+			w.failf("%v is believed valid, but Redis (read at %.3fs) names owner %q, live holders %v; the lease: %s; its Client's last faults: %v",
+				o, read.Seconds(), owner, holders, dlock.Describe(o.l), o.ic.in.Events(func(e faults.Event) bool { return e.At > read-2*time.Second }))
 		}
 	}
 }
