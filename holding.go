@@ -214,6 +214,17 @@ func (h *holding) proveLocked(sent time.Time, ttl time.Duration) {
 	h.deadline, h.proofAt, h.proofTTL = validUntil(sent, ttl), sent, ttl
 }
 
+// sending applies a request carrying ttl, sent at sent, before its reply:
+// if Redis runs it, the lock expires ttl after it, perhaps earlier than
+// believed so far (an Extend to a shorter TTL). Its reply dates the lease
+// again (proved, extended) or leaves it in doubt (doubted).
+func (h *holding) sending(sent time.Time, ttl time.Duration) {
+	h.mu.Lock()
+	h.deadline = minTime(h.deadline, validUntil(sent, ttl))
+	h.mu.Unlock()
+	h.c.dog.schedule(h)
+}
+
 // doubted applies a request, sent at sent with ttl, whose outcome is
 // unknown: if it ran, the lock expires ttl after it, perhaps earlier than
 // believed so far.

@@ -75,7 +75,8 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		h.lose("extend found the lock gone")
 		return nameErr(h.lk.name, h.causeOr(ErrLockLost))
 	}
-	return nil
+	// The lease may have run out while the reply was on its way.
+	return l.live()
 }
 
 // TTL returns how long the lease has left at Redis, or ErrLockLost.
@@ -112,6 +113,11 @@ func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call) (int64, erro
 		return 0, err
 	}
 	sent := time.Now()
+	if ttl > 0 {
+		// Redis may run it before its reply comes, or without one: from
+		// now on the lock may expire ttl after sent.
+		h.sending(sent, ttl)
+	}
 	v, err := h.c.eval(ctx, c)
 	switch {
 	case isForeign(err):
