@@ -107,6 +107,11 @@ type Client struct {
 	late    map[string]bool    // tokens whose hand-over was found before its message (expectHandOver)
 	seq     uint64             // default-mode waiters ever queued: the last one's arrival number
 	heard   uint64             // hand-over messages delivered to a waiting waiter (for tests)
+
+	// renewalHook, set by tests before the first lock, runs on the watchdog
+	// goroutine after it read the TTL it will renew a holding to, before the
+	// renewal is sent: an interleaving no fault on the wire can reach.
+	renewalHook func(h *holding)
 }
 
 // New returns a Client over rdb: a go-redis v9 single-node, failover

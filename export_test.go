@@ -45,3 +45,10 @@ func Pending(l *Lease) bool {
 	defer h.mu.Unlock()
 	return h.st == pending
 }
+
+// SetRenewalHook makes c's watchdog call f with the lease of each holding it
+// is about to renew, after it read the TTL it will renew to and before the
+// renewal is sent. Set it before c's first lock.
+func SetRenewalHook(c *Client, f func(*Lease)) {
+	c.renewalHook = func(h *holding) { f(&h.first) }
+}

@@ -115,17 +115,6 @@ func (h *holding) beginOp(ctx context.Context) error {
 	return nil
 }
 
-// tryOp is beginOp that does not wait.
-func (h *holding) tryOp() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.busy {
-		return false
-	}
-	h.busy = true
-	return true
-}
-
 func (h *holding) endOp() {
 	h.mu.Lock()
 	h.busy = false
@@ -337,11 +326,18 @@ func (h *holding) expired(now time.Time) bool {
 	return gone && h.lose("lease deadline passed before renewal")
 }
 
-// renewable reports whether the watchdog should renew h now, and with what TTL.
-func (h *holding) renewable() (time.Duration, bool) {
+// startRenewal takes h's request slot for a renewal if h is held, renewed
+// and has no request in flight, and returns the TTL to renew to. Both under
+// one lock: an Extend between reading the TTL and taking the slot would
+// leave the renewal carrying a TTL older than the lease's proof.
+func (h *holding) startRenewal() (time.Duration, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.ttl, h.st == held && h.lk.renew
+	if h.st != held || !h.lk.renew || h.busy {
+		return 0, false
+	}
+	h.busy = true
+	return h.ttl, true
 }
 
 // context returns the lease context, creating it on first use (most leases

@@ -7,6 +7,7 @@ package dlock_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -65,4 +66,55 @@ func TestReview2ShorterExtendInFlight(t *testing.T) {
 			_ = l.Unlock(ctx)
 		})
 	}
+}
+
+// TestReview2RenewalWithAStaleTTL: the watchdog read the TTL a holding
+// renews to, then took the holding's request slot in a second step. An
+// Extend that ran in between (slot free, reply applied) made the lease
+// longer, and the renewal then went out with the old, shorter TTL: Redis
+// expired the lock that TTL after the renewal ran, while the lease was
+// believed valid on the Extend's deadline until the renewal's reply came
+// (found by TestInterleavings/fair, seed 630750714108: a renewal to 84ms
+// sent after a longer proof, its reply 151ms late, another Client in). The
+// window is a few instructions wide: a test hook on the watchdog, after it
+// read the TTL, runs the Extend there (and waits for it a while).
+func TestReview2RenewalWithAStaleTTL(t *testing.T) {
+	s := redistest.Start(t)
+	c, in := faultyClient(t, s, faults.Rule{Script: "extend", Via: faults.Batch, Kind: faults.DelayReply, Calls: []int{1}, Min: 3 * time.Second, Max: 3 * time.Second})
+	other, _ := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	extended := make(chan error, 1)
+	var once sync.Once
+	dlock.SetRenewalHook(c, func(l *dlock.Lease) {
+		once.Do(func() {
+			done := make(chan error, 1)
+			go func() { done <- l.Extend(ctx, 10*time.Second) }()
+			select {
+			case err := <-done:
+				extended <- err
+			case <-time.After(500 * time.Millisecond): // it waits for the renewal's slot
+				go func() { extended <- <-done }()
+			}
+		})
+	})
+	l, err := c.Mutex("stale-ttl", dlock.TTL(300*time.Millisecond)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !in.WaitInFlight(5*time.Second, func(k faults.Call) bool { return k.Script == "extend" && k.Via == faults.Batch }) {
+		t.Fatal("no renewal was sent")
+	}
+	// If the renewal carries 300ms, the lock expires 300ms after it ran,
+	// long before its reply, and the other Client gets it.
+	octx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	o, err := other.Mutex("stale-ttl").Lock(octx)
+	if err == nil {
+		if in.InFlight(func(k faults.Call) bool { return k.Script == "extend" && k.Via == faults.Batch }) && stillValid(l) {
+			t.Errorf("another Client holds the lock while the lease is believed valid (a renewal with the TTL from before an Extend is in flight)")
+		}
+		_ = o.Unlock(ctx)
+	}
+	<-extended
+	_ = l.Unlock(ctx)
 }
