@@ -181,7 +181,7 @@ func (c *Client) close() {
 	defer cancel()
 	for _, h := range live {
 		if h.closeDown() { // a pending one is released by its record
-			_, _ = h.cmd.relScript.do(ctx, c.rdb, h.cmd.release())
+			_, _ = h.cmd.relScript.do(ctx, c.rdb, h.cmd.release(), false)
 		}
 	}
 	c.stop()

@@ -2,10 +2,12 @@ package dlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/wire"
+	"github.com/redis/go-redis/v9"
 )
 
 // A Lease is one holding of a lock. Its methods are safe for concurrent use.
@@ -235,7 +237,10 @@ func (h *holding) finish(ctx context.Context) error {
 	}
 }
 
-// release releases an ending holding at Redis.
+// release releases an ending holding at Redis. A release that failed is
+// sent again, a few times while ctx lasts; go-redis does not resend it by
+// itself (onceCmd), so a reply of "not the owner" is known to be the
+// answer to a resend, which may follow our own earlier run.
 func (h *holding) release(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return nameErr(h.lk.name, fmt.Errorf("release: %w", err)) // not sent: the next attempt is the first
@@ -247,6 +252,13 @@ func (h *holding) release(ctx context.Context) error {
 	}
 	h.mu.Unlock()
 	v, err := h.c.releaseCall(ctx, h)
+	for i, wait := 0, 10*time.Millisecond; i < releaseResends && err != nil && !isForeign(err) && sleepCtx(ctx, wait); i, wait = i+1, 4*wait {
+		// An error reply means the script did not run; anything else
+		// (the connection failed) may have followed a run.
+		var reply redis.Error
+		retry = retry || !errors.As(err, &reply)
+		v, err = h.c.releaseCall(ctx, h)
+	}
 	if isForeign(err) {
 		err = fmt.Errorf("%w: %w", ErrLockLost, scriptErr(h.lk.hash, err))
 		h.settle(lost, err)
@@ -270,6 +282,22 @@ func (h *holding) release(ctx context.Context) error {
 	err = fmt.Errorf("%w: the lock was no longer held by this lease", ErrLockLost)
 	h.settle(lost, err)
 	return nameErr(h.lk.name, err)
+}
+
+// releaseResends bounds how often a failed release is sent again within
+// one Unlock (as go-redis would have, by default).
+const releaseResends = 3
+
+// sleepCtx waits d, or until ctx ends; it reports whether ctx is still live.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // awaitPass waits for the record of the pass that Unlock made.

@@ -180,7 +180,7 @@ type look struct {
 func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, error) {
 	r := look{sent: time.Now()}
 	h.contended = waited
-	v, err := lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, func(v any, err error) {
+	v, err := lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, false, func(v any, err error) {
 		// The caller gave up before the reply: if it was a grant (or may
 		// have been), give the lock back rather than leave it to its TTL.
 		if a, ok := v.([]any); err != nil || (ok && len(a) >= 2 && a[0] == int64(1)) {

@@ -214,8 +214,9 @@ func TestUnlockWithEndedCtxOfAPassedLease(t *testing.T) {
 // called), rather than ErrLockLost.
 func TestRetriedUnlockAfterLostReply(t *testing.T) {
 	s := redistest.Start(t)
-	// Each lease's first release loses its reply.
-	c, _ := faultyClient(t, s, faults.Rule{Script: "release", Kind: faults.LoseReply, Calls: []int{1, 3}})
+	// Each lease's first Unlock loses the replies of its release and of the
+	// release's resends (1 + releaseResends calls).
+	c, _ := faultyClient(t, s, faults.Rule{Script: "release", Kind: faults.LoseReply, Calls: []int{1, 2, 3, 4, 6, 7, 8, 9}})
 	other, rdb := newClient(t, s)
 	ctx := ctxT(t, 10*time.Second)
 	for _, between := range []struct {

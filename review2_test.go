@@ -118,3 +118,39 @@ func TestReview2RenewalWithAStaleTTL(t *testing.T) {
 	<-extended
 	_ = l.Unlock(ctx)
 }
+
+// TestReview2ReleaseResentByGoRedis: the connection drops right after a
+// release was written (Redis runs it). go-redis sends a command again by
+// itself after such an error, so the release ran twice, and the second run
+// found the permits no longer the lease's: Unlock reported ErrLockLost for
+// a lease it had released (a Semaphore or RWMutex every time; a Mutex when
+// the lock changed hands during go-redis's retry backoff). Only dlock may
+// resend a release: it then knows that "not the owner" may answer its own
+// earlier run.
+func TestReview2ReleaseResentByGoRedis(t *testing.T) {
+	s := redistest.Start(t)
+	c, in := faultyClient(t, s, faults.Rule{Script: "sem.r", Kind: faults.Cut, Calls: []int{1, 2}})
+	_, rdb := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	for _, tc := range []struct {
+		name string
+		lock func() (*dlock.Lease, error)
+	}{
+		{"semaphore", func() (*dlock.Lease, error) { return c.Semaphore("resent-semaphore", 2).Acquire(ctx, 1) }},
+		{"rwmutex", func() (*dlock.Lease, error) { return c.RWMutex("resent-rwmutex").Lock(ctx) }},
+	} {
+		l, err := tc.lock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Errorf("%s: Unlock after a connection dropped under its release: %v, want nil", tc.name, err)
+		}
+		if u := rdb.HGet(ctx, "dlock:{resent-"+tc.name+"}", "u").Val(); u != "0" {
+			t.Errorf("%s: %s permits still used at Redis after Unlock", tc.name, u)
+		}
+	}
+	if n := in.Stats()["sem.r cut single"]; n != 2 {
+		t.Fatalf("%d releases cut, want 2", n)
+	}
+}
