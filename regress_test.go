@@ -147,7 +147,7 @@ func TestRenewalInFlightWhileExtend(t *testing.T) {
 	s := redistest.Start(t)
 	c, in := faultyClient(t, s,
 		faults.Rule{Script: "extend", Via: faults.Batch, Kind: faults.DelaySend, Calls: []int{1}, Min: 300 * time.Millisecond, Max: 300 * time.Millisecond},
-		faults.Rule{Script: "extend", Via: faults.Single, Kind: faults.DelayReply, Calls: []int{1}, Min: 600 * time.Millisecond, Max: 600 * time.Millisecond})
+		faults.Rule{Script: "extend", Via: faults.Single, Kind: faults.DelayReply, Calls: []int{1}, Min: 400 * time.Millisecond, Max: 400 * time.Millisecond})
 	other, _ := newClient(t, s)
 	ctx := ctxT(t, 20*time.Second)
 	l, err := c.Mutex("extend-race", dlock.TTL(900*time.Millisecond)).Lock(ctx)
