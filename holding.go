@@ -63,7 +63,7 @@ type holding struct {
 	proofAt  time.Time     // when the request behind the deadline was sent
 	proofTTL time.Duration // and the TTL the deadline counts from it
 	doubt    time.Duration // the shortest TTL of a request whose outcome is unknown; 0: none
-	cause    error         // why it ended, in a final state (nil: released or passed)
+	cause    error         // why it ended, in a final state (nil: released or passed; released: a pass that was given back)
 	holds    int           // leases on it not yet unlocked
 	busy     bool          // a request about it is in flight
 	idle     chan struct{} // closed when busy clears, if someone waits for that

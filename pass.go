@@ -71,9 +71,15 @@ func (c *Client) record(p *pass) {
 			// lock, nobody else would release it before its TTL. The old
 			// token first: a record still in flight that runs after that
 			// finds it not the passer's; one that ran before made it the
-			// new token's, given back next.
+			// new token's, given back next. The passer gave the lock up
+			// before its deadline: its Unlock reports the failure (or
+			// Close), not a loss, as a release of unknown outcome does.
 			why := fmt.Sprintf("the pass could not be recorded at Redis in time: %v", err)
-			from.settle(lost, fmt.Errorf("%w: %s", ErrLockLost, why))
+			if c.closed.Load() {
+				from.settle(closed, ErrClosed)
+			} else {
+				from.settle(released, fmt.Errorf("release: the lock was passed to another waiter of this Client and %s; it is given back in the background", why))
+			}
 			to.lose(why)
 			release := func() {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

@@ -7,6 +7,7 @@ package dlock_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -153,4 +154,40 @@ func TestReview2ReleaseResentByGoRedis(t *testing.T) {
 	if n := in.Stats()["sem.r cut single"]; n != 2 {
 		t.Fatalf("%d releases cut, want 2", n)
 	}
+}
+
+// TestReview2UnrecordedPassIsNoLoss: a holder unlocks and passes the lock
+// to a waiter of its Client, and the pass cannot be recorded at Redis
+// before the holder's deadline (every record fails before it is sent). The
+// holder held the lock until its Unlock, before its deadline, and the lock
+// is given back: its Unlock must not say ErrLockLost ("someone else may
+// have held the lock meanwhile"), which it did; it reports that the pass
+// failed, as a release whose outcome is unknown does. The waiter's lease,
+// never recorded, is the one that is lost.
+func TestReview2UnrecordedPassIsNoLoss(t *testing.T) {
+	s := redistest.Start(t)
+	plain, _ := newClient(t, s)
+	c, in := faultyClient(t, s, faults.Rule{Script: "pass", Kind: faults.FailSend, P: 1, Min: 50 * time.Millisecond, Max: 50 * time.Millisecond})
+	_, rdb := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	a, passed := inTurn(t, ctx, []*dlock.Client{plain, c}, rdb, "unrecorded", dlock.TTL(time.Second), dlock.NoRenew())
+	err := a.Unlock(ctx)
+	w := <-passed
+	if w == nil {
+		t.FailNow()
+	}
+	if w.Fence() != a.Fence()+1 {
+		t.Fatalf("fence %d after %d: not passed", w.Fence(), a.Fence())
+	}
+	if in.Stats()["pass fail-send single"] == 0 {
+		t.Fatal("no record was attempted")
+	}
+	if err == nil || errors.Is(err, dlock.ErrLockLost) {
+		t.Errorf("Unlock of the passing lease: %v; want the record's failure, not a loss: it held the lock until it unlocked", err)
+	}
+	<-w.Context().Done()
+	if cause := context.Cause(w.Context()); !errors.Is(cause, dlock.ErrLockLost) {
+		t.Errorf("the unrecorded lease ended with %v, want ErrLockLost", cause)
+	}
+	waitFor(t, ctx, "the lock free at Redis", func() bool { return owner(ctx, rdb, "unrecorded") == "" })
 }
