@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/wire"
@@ -252,9 +253,9 @@ func (h *holding) release(ctx context.Context) error {
 	}
 	h.mu.Unlock()
 	v, err := h.c.releaseCall(ctx, h)
-	for i, wait := 0, 10*time.Millisecond; i < releaseResends && err != nil && !isForeign(err) && sleepCtx(ctx, wait); i, wait = i+1, 4*wait {
-		// An error reply means the script did not run; anything else
-		// (the connection failed) may have followed a run.
+	for i, wait := 0, 10*time.Millisecond; i < releaseResends && resendable(err) && sleepCtx(ctx, wait); i, wait = i+1, 4*wait {
+		// A failed connection may have followed a run; a refusal to run
+		// did not.
 		var reply redis.Error
 		retry = retry || !errors.As(err, &reply)
 		v, err = h.c.releaseCall(ctx, h)
@@ -287,6 +288,28 @@ func (h *holding) release(ctx context.Context) error {
 // releaseResends bounds how often a failed release is sent again within
 // one Unlock (as go-redis would have, by default).
 const releaseResends = 3
+
+// resendable reports a failure after which a release may be sent again
+// (as go-redis would): a connection that failed, or a refusal that means
+// the script did not run (the server is loading or read-only, or refuses
+// writes or the slot for now). Any other error reply may come from a
+// script that stopped halfway, and is reported.
+func resendable(err error) bool {
+	var reply redis.Error
+	if err == nil || isForeign(err) {
+		return false
+	}
+	if !errors.As(err, &reply) {
+		return true
+	}
+	msg := err.Error()
+	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "NOREPLICAS ", "CLUSTERDOWN ", "TRYAGAIN ", "ERR max number of clients"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
 
 // sleepCtx waits d, or until ctx ends; it reports whether ctx is still live.
 func sleepCtx(ctx context.Context, d time.Duration) bool {
