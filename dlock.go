@@ -246,6 +246,10 @@ func validName(name string) error {
 	return nil
 }
 
+// wholeMillis is ttl as Redis gets it (formatMillis): a lease believed to
+// last a fraction of a millisecond longer would outlive its key.
+func wholeMillis(ttl time.Duration) time.Duration { return ttl.Truncate(time.Millisecond) }
+
 func validTTL(ttl time.Duration) error {
 	switch {
 	case ttl < time.Millisecond:

@@ -1,5 +1,7 @@
 package dlock
 
+import "time"
+
 // QueuedLocally returns how many of c's default-mode Lock calls wait in c's
 // queue for the lock called name, and whether the first of them sleeps in
 // line at Redis (so that a holder of c may pass it the lock). Tests wait for
@@ -51,4 +53,12 @@ func Pending(l *Lease) bool {
 // renewal is sent. Set it before c's first lock.
 func SetRenewalHook(c *Client, f func(*Lease)) {
 	c.renewalHook = func(h *holding) { f(&h.first) }
+}
+
+// Deadline returns until when l's holder believes it valid (see validUntil).
+func Deadline(l *Lease) time.Time {
+	h := l.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.deadline
 }

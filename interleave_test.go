@@ -567,7 +567,7 @@ func (w *interleaving) heldAtRedis(ctx context.Context, keys wire.Keys) (bool, s
 		t.Fatal(err)
 	}
 	live, err := w.plain.ZRangeByScoreWithScores(ctx, keys.Holders, &redis.ZRangeBy{
-		Min: strconv.FormatInt(now.UnixMilli()+1, 10), Max: "+inf"}).Result()
+		Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -778,7 +778,7 @@ func (w *interleaving) checkRedis() {
 			return
 		}
 		zs, err := w.plain.ZRangeByScoreWithScores(ctx, keys.Holders, &redis.ZRangeBy{
-			Min: strconv.FormatInt(now.UnixMilli()+1, 10), Max: "+inf"}).Result()
+			Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
 		if err != nil {
 			w.t.Error(err)
 			return

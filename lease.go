@@ -70,6 +70,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := validTTL(ttl); err != nil {
 		return nameErr(h.lk.name, err)
 	}
+	ttl = wholeMillis(ttl)
 	v, err := l.ask(ctx, ttl, h.lk.proto.extend(h, formatMillis(ttl)))
 	if err != nil {
 		return err

@@ -59,7 +59,7 @@ func (c *Client) initLock(l *lock, name, kind string, opts []LockOption) {
 	}
 	k, handover := wire.KeysAndHandOver(c.cfg.prefix, name, c.id)
 	*l = lock{
-		c: c, name: name, kind: kind, hash: k.Hash, handover: handover, ttl: cfg.ttl, renew: !cfg.noRenew,
+		c: c, name: name, kind: kind, hash: k.Hash, handover: handover, ttl: wholeMillis(cfg.ttl), renew: !cfg.noRenew,
 		fair: cfg.fair || kind != wire.KindMutex, ttlArg: c.ttlArg,
 	}
 	if cfg.ttl != DefaultTTL {
