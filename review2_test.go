@@ -17,7 +17,7 @@ import (
 	"github.com/dlock-go/dlock/internal/redistest"
 )
 
-// TestReview2ShorterExtendInFlight: Extend to a TTL shorter than what the
+// TestShorterExtendInFlight: Extend to a TTL shorter than what the
 // lease has left runs at Redis at once, but its reply is slow. Until the
 // reply came, the lease was believed valid on its old deadline, while
 // Redis expired it the new TTL after the send and another Client took it:
@@ -25,7 +25,7 @@ import (
 // 157106698621: a writer's Extend to 106ms with its reply 137ms late, and
 // readers let in meanwhile). A request that may shorten the lease must
 // bound the deadline from its send on, before any reply.
-func TestReview2ShorterExtendInFlight(t *testing.T) {
+func TestShorterExtendInFlight(t *testing.T) {
 	for _, kind := range []string{"mutex", "semaphore"} {
 		t.Run(kind, func(t *testing.T) {
 			s := redistest.Start(t)
@@ -69,7 +69,7 @@ func TestReview2ShorterExtendInFlight(t *testing.T) {
 	}
 }
 
-// TestReview2RenewalWithAStaleTTL: the watchdog read the TTL a holding
+// TestRenewalWithAStaleTTL: the watchdog read the TTL a holding
 // renews to, then took the holding's request slot in a second step. An
 // Extend that ran in between (slot free, reply applied) made the lease
 // longer, and the renewal then went out with the old, shorter TTL: Redis
@@ -79,7 +79,7 @@ func TestReview2ShorterExtendInFlight(t *testing.T) {
 // sent after a longer proof, its reply 151ms late, another Client in). The
 // window is a few instructions wide: a test hook on the watchdog, after it
 // read the TTL, runs the Extend there (and waits for it a while).
-func TestReview2RenewalWithAStaleTTL(t *testing.T) {
+func TestRenewalWithAStaleTTL(t *testing.T) {
 	s := redistest.Start(t)
 	c, in := faultyClient(t, s, faults.Rule{Script: "extend", Via: faults.Batch, Kind: faults.DelayReply, Calls: []int{1}, Min: 3 * time.Second, Max: 3 * time.Second})
 	other, _ := newClient(t, s)
@@ -120,7 +120,7 @@ func TestReview2RenewalWithAStaleTTL(t *testing.T) {
 	_ = l.Unlock(ctx)
 }
 
-// TestReview2ReleaseResentByGoRedis: the connection drops right after a
+// TestReleaseResentAfterADroppedConnection: the connection drops right after a
 // release was written (Redis runs it). go-redis sends a command again by
 // itself after such an error, so the release ran twice, and the second run
 // found the permits no longer the lease's: Unlock reported ErrLockLost for
@@ -128,7 +128,7 @@ func TestReview2RenewalWithAStaleTTL(t *testing.T) {
 // the lock changed hands during go-redis's retry backoff). Only dlock may
 // resend a release: it then knows that "not the owner" may answer its own
 // earlier run.
-func TestReview2ReleaseResentByGoRedis(t *testing.T) {
+func TestReleaseResentAfterADroppedConnection(t *testing.T) {
 	s := redistest.Start(t)
 	c, in := faultyClient(t, s, faults.Rule{Script: "sem.r", Kind: faults.Cut, Calls: []int{1, 2}})
 	_, rdb := newClient(t, s)
@@ -156,7 +156,7 @@ func TestReview2ReleaseResentByGoRedis(t *testing.T) {
 	}
 }
 
-// TestReview2UnrecordedPassIsNoLoss: a holder unlocks and passes the lock
+// TestUnrecordedPassIsNoLoss: a holder unlocks and passes the lock
 // to a waiter of its Client, and the pass cannot be recorded at Redis
 // before the holder's deadline (every record fails before it is sent). The
 // holder held the lock until its Unlock, before its deadline, and the lock
@@ -164,7 +164,7 @@ func TestReview2ReleaseResentByGoRedis(t *testing.T) {
 // have held the lock meanwhile"), which it did; it reports that the pass
 // failed, as a release whose outcome is unknown does. The waiter's lease,
 // never recorded, is the one that is lost.
-func TestReview2UnrecordedPassIsNoLoss(t *testing.T) {
+func TestUnrecordedPassIsNoLoss(t *testing.T) {
 	s := redistest.Start(t)
 	plain, _ := newClient(t, s)
 	c, in := faultyClient(t, s, faults.Rule{Script: "pass", Kind: faults.FailSend, P: 1, Min: 50 * time.Millisecond, Max: 50 * time.Millisecond})
@@ -192,7 +192,7 @@ func TestReview2UnrecordedPassIsNoLoss(t *testing.T) {
 	waitFor(t, ctx, "the lock free at Redis", func() bool { return owner(ctx, rdb, "unrecorded") == "" })
 }
 
-// TestReview2DeadlineAtRedisResolution: Redis counts lease deadlines in
+// TestDeadlineAtRedisResolution: Redis counts lease deadlines in
 // whole milliseconds. sem.lua took a holding for expired once the server
 // clock in ms reached its deadline (clock at the grant, truncated to the
 // ms, plus the TTL): up to a millisecond before the grant's run plus the
@@ -205,7 +205,7 @@ func TestReview2UnrecordedPassIsNoLoss(t *testing.T) {
 // that deadline is the violation. (A timing window less than a
 // millisecond wide: the test finds it in most leases when it is there, and
 // can never see one that is not.)
-func TestReview2DeadlineAtRedisResolution(t *testing.T) {
+func TestDeadlineAtRedisResolution(t *testing.T) {
 	s := redistest.Start(t)
 	c, _ := newClient(t, s)
 	ctx := ctxT(t, 60*time.Second)
