@@ -74,13 +74,12 @@ func (c *Client) record(p *pass) {
 			// new token's, given back next. The passer gave the lock up
 			// before its deadline: its Unlock reports the failure (or
 			// Close), not a loss, as a release of unknown outcome does.
-			why := fmt.Sprintf("the pass could not be recorded at Redis in time: %v", err)
 			if c.closed.Load() {
 				from.settle(closed, ErrClosed)
 			} else {
-				from.settle(released, fmt.Errorf("release: the lock was passed to another waiter of this Client and %s; it is given back in the background", why))
+				from.settle(released, fmt.Errorf("release: the lock was passed to another waiter of this Client, and the pass could not be recorded at Redis before this lease's deadline (%w); it is given back in the background", err))
 			}
-			to.lose(why)
+			to.lose(fmt.Sprintf("the pass could not be recorded at Redis in time: %v", err))
 			release := func() {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				defer cancel()
