@@ -140,6 +140,10 @@ type Client struct {
 	heard   uint64             // hand-over messages delivered to a waiting waiter (for tests)
 
 	gaps atomic.Uint64 // subscriptions the hub re-established after a fault (for tests)
+	// renewalHook, set by tests before the first lock, runs on the watchdog
+	// goroutine after it read the TTL it will renew a holding to, before the
+	// renewal is sent: an interleaving no fault on the wire can reach.
+	renewalHook func(h *holding)
 }
 
 // New returns a Client over rdb: a go-redis v9 single-node, failover
@@ -224,7 +228,7 @@ func (c *Client) close() {
 	defer cancel()
 	for _, h := range live {
 		if h.closeDown() { // a pending one is released by its record
-			_, _ = h.cmd.relScript.do(ctx, c.rdb, h.cmd.release())
+			_, _ = h.cmd.relScript.do(ctx, c.rdb, h.cmd.release(), false)
 		}
 	}
 	c.stop()
@@ -295,6 +299,10 @@ func validPrefix(prefix string) error {
 	}
 	return nil
 }
+
+// wholeMillis is ttl as Redis gets it (formatMillis): a lease believed to
+// last a fraction of a millisecond longer would outlive its key.
+func wholeMillis(ttl time.Duration) time.Duration { return ttl.Truncate(time.Millisecond) }
 
 func validTTL(ttl time.Duration) error {
 	switch {

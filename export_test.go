@@ -67,3 +67,18 @@ func Describe(l *Lease) string {
 	return fmt.Sprintf("state %d, deadline in %v, proved by a request sent %v ago with TTL %v, doubt %v, ttl %v, contended %v, acqDoubt %v",
 		h.st, h.deadline.Sub(now).Round(time.Millisecond), now.Sub(h.proofAt).Round(time.Millisecond), h.proofTTL, h.doubt, h.ttl, h.contended, h.acqDoubt)
 }
+
+// SetRenewalHook makes c's watchdog call f with the lease of each holding it
+// is about to renew, after it read the TTL it will renew to and before the
+// renewal is sent. Set it before c's first lock.
+func SetRenewalHook(c *Client, f func(*Lease)) {
+	c.renewalHook = func(h *holding) { f(&h.first) }
+}
+
+// Deadline returns until when l's holder believes it valid (see validUntil).
+func Deadline(l *Lease) time.Time {
+	h := l.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.deadline
+}

@@ -63,7 +63,7 @@ type holding struct {
 	proofAt  time.Time     // when the request behind the deadline was sent
 	proofTTL time.Duration // and the TTL the deadline counts from it
 	doubt    time.Duration // the shortest TTL of a request whose outcome is unknown; 0: none
-	cause    error         // why it ended, in a final state (nil: released or passed)
+	cause    error         // why it ended, in a final state (nil: released or passed; released: a pass that was given back)
 	holds    int           // leases on it not yet unlocked
 	busy     bool          // a request about it is in flight
 	idle     chan struct{} // closed when busy clears, if someone waits for that
@@ -113,17 +113,6 @@ func (h *holding) beginOp(ctx context.Context) error {
 	h.busy = true
 	h.mu.Unlock()
 	return nil
-}
-
-// tryOp is beginOp that does not wait.
-func (h *holding) tryOp() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.busy {
-		return false
-	}
-	h.busy = true
-	return true
 }
 
 func (h *holding) endOp() {
@@ -212,6 +201,17 @@ func (h *holding) proveLocked(sent time.Time, ttl time.Duration) {
 		ttl = min(ttl, h.doubt)
 	}
 	h.deadline, h.proofAt, h.proofTTL = validUntil(sent, ttl), sent, ttl
+}
+
+// sending applies a request carrying ttl, sent at sent, before its reply:
+// if Redis runs it, the lock expires ttl after it, perhaps earlier than
+// believed so far (an Extend to a shorter TTL). Its reply dates the lease
+// again (proved, extended) or leaves it in doubt (doubted).
+func (h *holding) sending(sent time.Time, ttl time.Duration) {
+	h.mu.Lock()
+	h.deadline = minTime(h.deadline, validUntil(sent, ttl))
+	h.mu.Unlock()
+	h.c.dog.schedule(h)
 }
 
 // doubted applies a request, sent at sent with ttl, whose outcome is
@@ -326,11 +326,18 @@ func (h *holding) expired(now time.Time) bool {
 	return gone && h.lose("lease deadline passed before renewal")
 }
 
-// renewable reports whether the watchdog should renew h now, and with what TTL.
-func (h *holding) renewable() (time.Duration, bool) {
+// startRenewal takes h's request slot for a renewal if h is held, renewed
+// and has no request in flight, and returns the TTL to renew to. Both under
+// one lock: an Extend between reading the TTL and taking the slot would
+// leave the renewal carrying a TTL older than the lease's proof.
+func (h *holding) startRenewal() (time.Duration, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.ttl, h.st == held && h.lk.renew
+	if h.st != held || !h.lk.renew || h.busy {
+		return 0, false
+	}
+	h.busy = true
+	return h.ttl, true
 }
 
 // context returns the lease context, creating it on first use (most leases

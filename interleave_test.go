@@ -49,14 +49,17 @@ import (
 //
 // and, after every caller has returned, that the lock is free at Redis
 // within one TTL (no holding left renewed or counted), and that no call
-// hung. Porcupine is not needed here: the property is checked directly on
+// hung: every call with a bounded ctx (Lock, TryLock, Extend, TTL, a
+// reentrant Lock, Unlock) returns within 3s of its ctx's end. Porcupine is not needed here: the property is checked directly on
 // the intervals (TestMutualExclusionAcrossProcesses checks a history of
 // fenced writes with it).
 //
 // A short run with a fresh seed is part of every test run; DLOCK_SEED
 // replays one, DLOCK_CHAOS sets the duration of each run (default 3s) and
 // DLOCK_CHAOS_ROUNDS the number of seeds per primitive (make chaos). A
-// failure prints the command that replays it.
+// failure prints the command that replays it; with DLOCK_EVENTS=1 it also
+// prints every fault injected, on the run's clock, with the tokens they
+// concern (leases are printed with theirs).
 func TestInterleavings(t *testing.T) {
 	dur := 3 * time.Second
 	if v := os.Getenv("DLOCK_CHAOS"); v != "" {
@@ -257,7 +260,6 @@ func (w *interleaving) newClient() *ilClient {
 	ms, f, p, sf := time.Millisecond, w.prof.faults, w.prof.passes, w.prof.subs
 	in := faults.New(faults.Config{
 		Seed:    w.seed*1000 + uint64(gen),
-		Epoch:   w.epoch, // its events' times are the run's
 		Scripts: engineScripts(t),
 		Rules: []faults.Rule{
 			{Script: "pass", Kind: faults.LoseReply, P: p, Max: 300 * ms},
@@ -274,6 +276,7 @@ func (w *interleaving) newClient() *ilClient {
 		},
 		Sub:      faults.SubFaults{Delay: 0.1 * sf, MaxDelay: 300 * ms, Refuse: 0.05 * sf, Drop: 0.03 * sf, Unsubscribe: 0.02 * sf},
 		MaxDelay: time.Second,
+		Epoch:    w.epoch,
 	})
 	rdb := w.s.Client(t)
 	rdb.AddHook(in)
@@ -308,7 +311,7 @@ func (o *ilLease) String() string {
 	if o.writer {
 		role = " writer"
 	}
-	return fmt.Sprintf("{client %d%s fence %d permits %d via %s at %.3fs}", o.client, role, o.fence, o.permits, o.via, o.at.Seconds())
+	return fmt.Sprintf("{client %d%s fence %d permits %d via %s at %.3fs token %s}", o.client, role, o.fence, o.permits, o.via, o.at.Seconds(), o.l.Token())
 }
 
 // granted records a new grant and checks it against everything held.
@@ -441,6 +444,13 @@ func (w *interleaving) run() {
 	for _, f := range w.fails {
 		t.Error(f)
 	}
+	if len(w.fails) > 0 && os.Getenv("DLOCK_EVENTS") != "" {
+		for _, ic := range w.clients {
+			for _, e := range ic.in.Events(nil) {
+				t.Logf("client %d event %v", ic.gen, e)
+			}
+		}
+	}
 	if w.grants == 0 {
 		t.Error("no lease was granted: nothing was checked")
 	}
@@ -557,7 +567,7 @@ func (w *interleaving) heldAtRedis(ctx context.Context, keys wire.Keys) (bool, s
 		t.Fatal(err)
 	}
 	live, err := w.plain.ZRangeByScoreWithScores(ctx, keys.Holders, &redis.ZRangeBy{
-		Min: strconv.FormatInt(now.UnixMilli()+1, 10), Max: "+inf"}).Result()
+		Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -652,16 +662,22 @@ func (w *interleaving) obtain(r *rand.Rand, ic *ilClient) (*ilLease, error) {
 		}
 	}
 	w.count(me.via)
-	if late := time.Since(deadline); late > 3*time.Second {
-		w.mu.Lock()
-		w.failf("%s returned %v after its ctx ended", me.via, late.Round(time.Millisecond))
-		w.mu.Unlock()
-	}
+	w.returnedBy(me.via, deadline)
 	if err != nil {
 		return nil, err
 	}
 	me.l, me.fence = l, l.Fence()
 	return me, nil
+}
+
+// returnedBy fails the run if a call whose ctx ended at end returned more
+// than 3s after that: no call may hang past its ctx.
+func (w *interleaving) returnedBy(op string, end time.Time) {
+	if late := time.Since(end); late > 3*time.Second {
+		w.mu.Lock()
+		w.failf("%s returned %v after its ctx ended", op, late.Round(time.Millisecond))
+		w.mu.Unlock()
+	}
 }
 
 // do runs Mutex.Do, its function doing what a holder does. The function
@@ -702,9 +718,11 @@ func (w *interleaving) hold(r *rand.Rand, me *ilLease) {
 			w.extendTo(r, me, time.Duration(1000+r.IntN(ilMaxTTL-1000))*time.Millisecond)
 			w.watch(r, time.Duration(r.Int64N(int64(w.prof.longMax))))
 		case r.IntN(8) == 0:
-			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(r.IntN(100))*time.Millisecond)
+			end := time.Now().Add(time.Duration(r.IntN(100)) * time.Millisecond)
+			ctx, cancel := context.WithDeadline(context.Background(), end)
 			_, err := me.l.TTL(ctx)
 			cancel()
+			w.returnedBy("TTL", end)
 			w.expected(err, "TTL")
 			w.count("TTL")
 		case r.IntN(8) == 0 && (w.kind == "mutex" || w.kind == "fair" || me.writer):
@@ -760,7 +778,7 @@ func (w *interleaving) checkRedis() {
 			return
 		}
 		zs, err := w.plain.ZRangeByScoreWithScores(ctx, keys.Holders, &redis.ZRangeBy{
-			Min: strconv.FormatInt(now.UnixMilli()+1, 10), Max: "+inf"}).Result()
+			Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
 		if err != nil {
 			w.t.Error(err)
 			return
@@ -794,9 +812,11 @@ func (w *interleaving) extend(r *rand.Rand, me *ilLease) {
 }
 
 func (w *interleaving) extendTo(r *rand.Rand, me *ilLease, ttl time.Duration) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(r.IntN(400))*time.Millisecond)
+	end := time.Now().Add(time.Duration(r.IntN(400)) * time.Millisecond)
+	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
 	err := me.l.Extend(ctx, ttl)
+	w.returnedBy("Extend", end)
 	w.expected(err, "Extend")
 	w.count("Extend")
 }
@@ -804,8 +824,10 @@ func (w *interleaving) extendTo(r *rand.Rand, me *ilLease, ttl time.Duration) {
 // reenter locks the held lock again under the lease's context: the same
 // holding, the same fence; its Unlock leaves the lock held.
 func (w *interleaving) reenter(r *rand.Rand, me *ilLease) {
-	ctx, cancel := context.WithTimeout(me.l.Context(), time.Duration(r.IntN(100))*time.Millisecond)
+	end := time.Now().Add(time.Duration(r.IntN(100)) * time.Millisecond)
+	ctx, cancel := context.WithDeadline(me.l.Context(), end)
 	defer cancel()
+	defer w.returnedBy("reentrant Lock", end)
 	var inner *dlock.Lease
 	var err error
 	ic := w.clientOf(me)
@@ -856,7 +878,9 @@ func (w *interleaving) release(r *rand.Rand, me *ilLease) {
 	case 0: // with a ctx that has ended (a finished request's)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
+		end := time.Now()
 		err = me.l.Unlock(ctx)
+		w.returnedBy("Unlock with an ended ctx", end)
 		w.count("Unlock ended ctx")
 	case 1: // twice at once
 		var errs [2]error
@@ -884,9 +908,11 @@ func (w *interleaving) release(r *rand.Rand, me *ilLease) {
 		wg.Wait()
 		w.count("Unlock beside Extend")
 	default: // with a ctx that may end meanwhile
-		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+r.IntN(100))*time.Millisecond)
+		end := time.Now().Add(time.Duration(1+r.IntN(100)) * time.Millisecond)
+		ctx, cancel := context.WithDeadline(context.Background(), end)
 		err = me.l.Unlock(ctx)
 		cancel()
+		w.returnedBy("Unlock", end)
 		w.count("Unlock")
 	}
 	w.expected(err, "Unlock")

@@ -2,10 +2,13 @@ package dlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/wire"
+	"github.com/redis/go-redis/v9"
 )
 
 // A Lease is one holding of a lock. Its methods are safe for concurrent use.
@@ -67,6 +70,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := validTTL(ttl); err != nil {
 		return nameErr(h.lk.name, err)
 	}
+	ttl = wholeMillis(ttl)
 	v, err := l.ask(ctx, ttl, h.lk.proto.extend(h, formatMillis(ttl)))
 	if err != nil {
 		return err
@@ -75,7 +79,8 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		h.lose("extend found the lock gone")
 		return nameErr(h.lk.name, h.causeOr(ErrLockLost))
 	}
-	return nil
+	// The lease may have run out while the reply was on its way.
+	return l.live()
 }
 
 // TTL returns how long the lease has left at Redis, or ErrLockLost.
@@ -112,6 +117,11 @@ func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call) (int64, erro
 		return 0, err
 	}
 	sent := time.Now()
+	if ttl > 0 {
+		// Redis may run it before its reply comes, or without one: from
+		// now on the lock may expire ttl after sent.
+		h.sending(sent, ttl)
+	}
 	v, err := h.c.eval(ctx, c)
 	switch {
 	case isForeign(err):
@@ -229,7 +239,10 @@ func (h *holding) finish(ctx context.Context) error {
 	}
 }
 
-// release releases an ending holding at Redis.
+// release releases an ending holding at Redis. A release that failed is
+// sent again, a few times while ctx lasts; go-redis does not resend it by
+// itself (onceCmd), so a reply of "not the owner" is known to be the
+// answer to a resend, which may follow our own earlier run.
 func (h *holding) release(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return nameErr(h.lk.name, fmt.Errorf("release: %w", err)) // not sent: the next attempt is the first
@@ -241,6 +254,13 @@ func (h *holding) release(ctx context.Context) error {
 	}
 	h.mu.Unlock()
 	v, err := h.c.releaseCall(ctx, h)
+	for i, wait := 0, 10*time.Millisecond; i < releaseResends && resendable(err) && sleepCtx(ctx, wait); i, wait = i+1, 4*wait {
+		// A failed connection may have followed a run; a refusal to run
+		// did not.
+		var reply redis.Error
+		retry = retry || !errors.As(err, &reply)
+		v, err = h.c.releaseCall(ctx, h)
+	}
 	if isForeign(err) {
 		err = fmt.Errorf("%w: %w", ErrLockLost, scriptErr(h.lk.hash, err))
 		h.settle(lost, err)
@@ -264,6 +284,44 @@ func (h *holding) release(ctx context.Context) error {
 	err = fmt.Errorf("%w: the lock was no longer held by this lease", ErrLockLost)
 	h.settle(lost, err)
 	return nameErr(h.lk.name, err)
+}
+
+// releaseResends bounds how often a failed release is sent again within
+// one Unlock (as go-redis would have, by default).
+const releaseResends = 3
+
+// resendable reports a failure after which a release may be sent again
+// (as go-redis would): a connection that failed, or a refusal that means
+// the script did not run (the server is loading or read-only, or refuses
+// writes or the slot for now). Any other error reply may come from a
+// script that stopped halfway, and is reported.
+func resendable(err error) bool {
+	var reply redis.Error
+	if err == nil || isForeign(err) {
+		return false
+	}
+	if !errors.As(err, &reply) {
+		return true
+	}
+	msg := err.Error()
+	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "NOREPLICAS ", "CLUSTERDOWN ", "TRYAGAIN ", "ERR max number of clients"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// sleepCtx waits d, or until ctx ends; it reports whether ctx is still live.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // awaitPass waits for the record of the pass that Unlock made.

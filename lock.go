@@ -59,7 +59,7 @@ func (c *Client) initLock(l *lock, name, kind string, opts []LockOption) {
 	}
 	k, handover := wire.KeysAndHandOver(c.cfg.prefix, name, c.id)
 	*l = lock{
-		c: c, name: name, kind: kind, hash: k.Hash, handover: handover, ttl: cfg.ttl, renew: !cfg.noRenew,
+		c: c, name: name, kind: kind, hash: k.Hash, handover: handover, ttl: wholeMillis(cfg.ttl), renew: !cfg.noRenew,
 		fair: cfg.fair || kind != wire.KindMutex, ttlArg: c.ttlArg,
 	}
 	if cfg.ttl != DefaultTTL {
@@ -185,7 +185,7 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 	}
 	r := look{sent: time.Now()}
 	h.contended = waited
-	v, err := lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, func(v any, err error) {
+	v, err := lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, false, func(v any, err error) {
 		// The caller gave up before the reply: if it was a grant (or may
 		// have been), give the lock back rather than leave it to its TTL.
 		if a, ok := v.([]any); err != nil || (ok && len(a) >= 2 && a[0] == int64(1)) {

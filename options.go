@@ -66,7 +66,8 @@ const MaxTTL = 365 * 24 * time.Hour
 
 // TTL sets the lease length: how long the lock outlives a holder that stops
 // renewing it (crashed, paused, partitioned). Default 10s. It must be at least
-// one millisecond; it is used at millisecond precision.
+// one millisecond; a fraction of a millisecond is dropped (Redis counts
+// whole milliseconds).
 func TTL(d time.Duration) LockOption { return func(c *lockConfig) { c.ttl = d } }
 
 // NoRenew turns the watchdog off: the lease ends TTL after it was obtained

@@ -71,10 +71,15 @@ func (c *Client) record(p *pass) {
 			// lock, nobody else would release it before its TTL. The old
 			// token first: a record still in flight that runs after that
 			// finds it not the passer's; one that ran before made it the
-			// new token's, given back next.
-			why := fmt.Sprintf("the pass could not be recorded at Redis in time: %v", err)
-			from.settle(lost, fmt.Errorf("%w: %s", ErrLockLost, why))
-			to.lose(why)
+			// new token's, given back next. The passer gave the lock up
+			// before its deadline: its Unlock reports the failure (or
+			// Close), not a loss, as a release of unknown outcome does.
+			if c.closed.Load() {
+				from.settle(closed, ErrClosed)
+			} else {
+				from.settle(released, fmt.Errorf("release: the lock was passed to another waiter of this Client, and the pass could not be recorded at Redis before this lease's deadline (%w); it is given back in the background", err))
+			}
+			to.lose(fmt.Sprintf("the pass could not be recorded at Redis in time: %v", err))
 			release := func() {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				defer cancel()
@@ -106,5 +111,5 @@ func (c *Client) giveBackAsync(h *holding) {
 // releaseCallAt releases h's token with its fence (a pass that could not be
 // recorded), whatever h's state.
 func (c *Client) releaseCallAt(ctx context.Context, h *holding) (any, error) {
-	return h.cmd.relScript.do(ctx, c.rdb, h.cmd.release())
+	return h.cmd.relScript.do(ctx, c.rdb, h.cmd.release(), false)
 }

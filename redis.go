@@ -82,21 +82,45 @@ func (s *script) run(ctx context.Context, r scripter, keys []string, args ...any
 	return v, err
 }
 
-// doer sends an arbitrary command: a client or a pipeline.
-type doer interface {
-	Do(ctx context.Context, args ...any) *redis.Cmd
+// processor sends a command: a client or a pipeline.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
-// do runs a script from a prepared command line (see cmdline).
-func (s *script) do(ctx context.Context, r doer, args []any) (any, error) {
-	v, err := r.Do(ctx, args...).Result()
+// do runs a script from a prepared command line (see cmdline); once: see
+// onceCmd.
+func (s *script) do(ctx context.Context, r processor, args []any, once bool) (any, error) {
+	v, err := process(ctx, r, args, once)
 	if err != nil && isNoScript(err) {
 		a := make([]any, len(args))
 		copy(a, args)
 		a[0], a[1] = "eval", s.src
-		v, err = r.Do(ctx, a...).Result()
+		v, err = process(ctx, r, a, once)
 	}
 	return v, err
+}
+
+func process(ctx context.Context, r processor, args []any, once bool) (any, error) {
+	cmd := redis.NewCmd(ctx, args...)
+	_ = r.Process(ctx, cmder(cmd, once))
+	return cmd.Result()
+}
+
+// onceCmd is a command that go-redis must not send again by itself after a
+// network error (it would, by default): a release that ran twice answers
+// its second run "not the owner", which only the caller can tell from a
+// lease lost before, if it knows that it sent the release again (see
+// holding.release).
+type onceCmd struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to resend the command.
+func (onceCmd) NoRetry() bool { return true }
+
+func cmder(cmd *redis.Cmd, once bool) redis.Cmder {
+	if once {
+		return onceCmd{cmd}
+	}
+	return cmd
 }
 
 func isNoScript(err error) bool {
@@ -120,37 +144,38 @@ const pipelineAbove = 8
 
 // runLine runs a prepared command line of script s. If the caller's ctx
 // ends before the reply, late (if not nil) gets the reply when it comes.
-// Urgent calls (a hand-off is waiting on them) skip the pipeliner.
-func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent bool, late func(any, error)) (any, error) {
+// Urgent calls (a hand-off is waiting on them) skip the pipeliner; once:
+// see onceCmd.
+func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent, once bool, late func(any, error)) (any, error) {
 	// Calls go straight to a pooled connection unless many are in flight:
 	// batching saves system calls only when there are round trips to
 	// share, and costs every call a hop through the pipeliner's goroutine.
 	n := c.inflight.Add(1)
 	defer c.inflight.Add(-1)
 	if n > pipelineAbove && c.ap != nil && !urgent {
-		v, err := c.submit(ctx, args, late)
+		v, err := c.submit(ctx, args, once, late)
 		if err != nil && isNoScript(err) {
 			// Load it (on every shard of a cluster) and send it again.
 			if lerr := c.rdb.ScriptLoad(ctx, s.src).Err(); lerr != nil {
 				return nil, lerr
 			}
-			v, err = c.submit(ctx, args, late)
+			v, err = c.submit(ctx, args, once, late)
 		}
 		return v, err
 	}
 	if c.ctxAware || ctx.Done() == nil {
-		return s.do(ctx, c.rdb, args) // as aside would, without making its closure
+		return s.do(ctx, c.rdb, args, once) // as aside would, without making its closure
 	}
-	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.do(ctx, c.rdb, args) }, late)
+	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.do(ctx, c.rdb, args, once) }, late)
 }
 
 // submit runs one prepared command line on the client's deferred
 // autopipeliner and waits for it or for ctx, without a goroutine per call.
 // If ctx ends first, the command still runs: late (if not nil) gets its
 // reply when it comes.
-func (c *Client) submit(ctx context.Context, args []any, late func(any, error)) (any, error) {
+func (c *Client) submit(ctx context.Context, args []any, once bool, late func(any, error)) (any, error) {
 	cmd := redis.NewCmd(ctx, args...)
-	f := c.ap.Submit(ctx, cmd)
+	f := c.ap.Submit(ctx, cmder(cmd, once))
 	if err := f.WaitContext(ctx); err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		if late != nil {
 			c.goBg(func() {
@@ -222,11 +247,12 @@ func contextAware(rdb redis.UniversalClient) bool {
 // front of it in the same write: Redis then has output pending for us when
 // the script publishes the hand-over, and writes pending output
 // newest-first, so the next holder's message leaves before our reply and
-// the next holder's process is woken first (bench/ -scenario hotkey).
+// the next holder's process is woken first (bench/ -scenario hotkey). It is
+// sent once (see onceCmd): the caller resends it.
 func (c *Client) releaseCall(ctx context.Context, h *holding) (any, error) {
 	args := h.cmd.release()
 	if !h.contended {
-		return c.runLine(ctx, h.cmd.relScript, args, false, nil)
+		return c.runLine(ctx, h.cmd.relScript, args, false, true, nil)
 	}
 	c.inflight.Add(1)
 	defer c.inflight.Add(-1)
@@ -234,11 +260,11 @@ func (c *Client) releaseCall(ctx context.Context, h *holding) (any, error) {
 		pipe := c.rdb.Pipeline()
 		pipe.Exists(ctx, h.lk.hash)
 		cmd := redis.NewCmd(ctx, args...)
-		_ = pipe.Process(ctx, cmd)
+		_ = pipe.Process(ctx, onceCmd{cmd})
 		_, _ = pipe.Exec(ctx)
 		v, err := cmd.Result()
 		if err != nil && isNoScript(err) {
-			return h.cmd.relScript.do(ctx, c.rdb, args)
+			return h.cmd.relScript.do(ctx, c.rdb, args, true)
 		}
 		return v, err
 	}, nil)

@@ -160,7 +160,7 @@ func TestRenewalInFlightWhileExtend(t *testing.T) {
 	s := redistest.Start(t)
 	c, in := faultyClient(t, s,
 		faults.Rule{Script: "extend", Via: faults.Batch, Kind: faults.DelaySend, Calls: []int{1}, Min: 300 * time.Millisecond, Max: 300 * time.Millisecond},
-		faults.Rule{Script: "extend", Via: faults.Single, Kind: faults.DelayReply, Calls: []int{1}, Min: 600 * time.Millisecond, Max: 600 * time.Millisecond})
+		faults.Rule{Script: "extend", Via: faults.Single, Kind: faults.DelayReply, Calls: []int{1}, Min: 400 * time.Millisecond, Max: 400 * time.Millisecond})
 	other, _ := newClient(t, s)
 	ctx := ctxT(t, 20*time.Second)
 	l, err := c.Mutex("extend-race", dlock.TTL(900*time.Millisecond)).Lock(ctx)
@@ -223,8 +223,9 @@ func TestUnlockWithEndedCtxOfAPassedLease(t *testing.T) {
 // called), rather than ErrLockLost.
 func TestRetriedUnlockAfterLostReply(t *testing.T) {
 	s := redistest.Start(t)
-	// Each lease's first release loses its reply.
-	c, _ := faultyClient(t, s, faults.Rule{Script: "release", Kind: faults.LoseReply, Calls: []int{1, 3}})
+	// Each lease's first Unlock loses the replies of its release and of the
+	// release's resends (1 + releaseResends calls).
+	c, _ := faultyClient(t, s, faults.Rule{Script: "release", Kind: faults.LoseReply, Calls: []int{1, 2, 3, 4, 6, 7, 8, 9}})
 	other, rdb := newClient(t, s)
 	ctx := ctxT(t, 10*time.Second)
 	for _, between := range []struct {

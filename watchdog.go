@@ -155,7 +155,10 @@ func (c *Client) watch() {
 			if h.expired(now) {
 				continue
 			}
-			if ttl, ok := h.renewable(); ok && h.tryOp() {
+			if ttl, ok := h.startRenewal(); ok {
+				if c.renewalHook != nil {
+					c.renewalHook(h)
+				}
 				batch, ttls = append(batch, h), append(ttls, ttl)
 			}
 			d.schedule(h) // while a renewal is in flight: at its deadline

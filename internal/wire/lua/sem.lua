@@ -50,13 +50,19 @@ end
 local function fmt(x) return string.format('%.0f', x) end
 local function permits(v) return tonumber(string.match(v, '^(%d+)')) end
 
+-- A holding's lease ran out once the clock in ms is past its deadline, not
+-- at it: the deadline counts from the clock truncated to the ms, up to 1 ms
+-- before the grant ran (as for a key's own expiry, which Redis ends only
+-- when its clock is past it).
+local function ran_out(dl) return tonumber(dl) < clock() end
+
 -- Drop holdings whose lease ran out (at most 1000 per call): their permits
 -- come back. Done only when permits are short or the size is to change.
 local pruned = false
 local function prune()
   if pruned then return end
   pruned = true
-  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', clock(), 'LIMIT', 0, 1000)
+  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', '(' .. clock(), 'LIMIT', 0, 1000)
   if #gone == 0 then return end
   local fields = {}
   for i, g in ipairs(gone) do fields[i] = 'h:' .. g end
@@ -213,14 +219,14 @@ elseif op == 'r' or op == 'l' then
 elseif op == 'e' then
   if not size or not held then return 0 end
   local dl = redis.call('ZSCORE', holders, token)
-  if not dl or tonumber(dl) <= clock() then return 0 end
+  if not dl or ran_out(dl) then return 0 end
   redis.call('ZADD', holders, 'XX', now + tonumber(ARGV[3]), token)
   outlive(tonumber(ARGV[4]))
   return 1
 elseif op == 't' then
   if not size or not held then return -1 end
   local dl = redis.call('ZSCORE', holders, token)
-  if not dl or tonumber(dl) <= clock() then return -1 end
+  if not dl or ran_out(dl) then return -1 end
   return tonumber(dl) - now
 end
 return redis.error_reply('DLOCK_OP unknown operation ' .. tostring(op))
