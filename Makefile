@@ -1,5 +1,6 @@
 # dlock: make test runs everything CI runs; make demo runs the marketplace
-# experiment on a private redis-server; make bench compares dlock with peers.
+# experiment (about 20 s) on a private redis-server; make bench compares dlock
+# with peers.
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -28,7 +29,7 @@ chaos: redis-server
 		$(GO) test -race -count=1 -timeout 90m -run '^TestInterleavings$$' .
 
 demo: redis-server
-	$(GO) run ./cmd/dlock market --duration 3s
+	$(GO) run ./cmd/dlock market
 
 bench: redis-server
 	cd bench && $(GO) run . -scenario all
