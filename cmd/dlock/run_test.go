@@ -256,7 +256,7 @@ func TestRunFair(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil {
 		t.Fatalf("status: exit %d, %v; stderr %q", code, err, errOut)
 	}
-	if st.State != "held" || st.FairWaiters != 2 {
+	if st.State != "held" || st.InLine != 2 || st.WaitingClients != 2 {
 		t.Errorf("status with two in line: %+v", st)
 	}
 
