@@ -104,7 +104,7 @@ func parseMarketFlags(args []string, stdout io.Writer) (f marketFlags, help bool
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&f.redisURL, "redis", "", "Redis `URL` (redis://, rediss://, unix://); default $DLOCK_REDIS_URL, $REDIS_URL, else a private server")
 	full := fs.Bool("full", false, "run the book's whole experiment: loads "+fullLoads+", every variant, 60s per row, every column")
-	fs.DurationVar(&f.duration, "duration", demoDuration, "length of each row (60s with --full)")
+	durationVar(fs, &f.duration, "duration", demoDuration, time.Millisecond, 0, "3s", "`duration` of each row (60s with --full)")
 	loads := fs.String("loads", demoLoads, "comma-separated `listers/buyers` loads ("+fullLoads+" with --full)")
 	variants := fs.String("variants", "", "comma-separated variants (default "+strings.Join(demoVariants, ",")+"; every one with --full: "+strings.Join(market.Variants(), ",")+")")
 	fs.StringVar(&f.pick, "pick", market.DefaultPick, "buyers' item choice: cheapest10, cheapest or random")
@@ -136,9 +136,6 @@ func parseMarketFlags(args []string, stdout io.Writer) (f marketFlags, help bool
 		}
 	} else if !set["variants"] {
 		*variants = strings.Join(demoVariants, ",")
-	}
-	if f.duration <= 0 {
-		return f, false, fmt.Errorf("--duration %v: want a positive duration such as 3s", f.duration)
 	}
 	if f.loads, err = market.ParseLoads(*loads); err != nil {
 		return f, false, err
@@ -194,9 +191,13 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 	// Check everything the user typed before starting or touching a server.
 	var opts *redis.Options
+	var target *redisTarget
 	if f.redisURL != "" {
-		if opts, err = redis.ParseURL(f.redisURL); err != nil {
-			return usageErr(fmt.Errorf("--redis %q: %s", redactURL(f.redisURL), redactErr(err, f.redisURL)))
+		if target, err = parseRedisTarget(f.redisURL); err != nil {
+			return usageErr(err)
+		}
+		if opts = target.single; opts == nil {
+			return usageErr(fmt.Errorf("--redis %q: the market needs one server (redis://, rediss:// or unix://), not a Cluster or Sentinel", target.display))
 		}
 	}
 	cfg.NewClient = func() redis.UniversalClient { return nil }
@@ -222,7 +223,7 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			say("skipping the watch row: miniredis does not abort a WATCH transaction when another client ZREMs from the watched set, so WATCH purchases would double-sell and fail the check (pass --variants to run it anyway)")
 		}
 	}
-	opts.DisableIdentity = true
+	opts.DisableIdentity = true // Redis before 7.2 rejects CLIENT SETINFO
 	newClient := func(poolSize int) *redis.Client {
 		o := *opts
 		o.PoolSize = poolSize
@@ -233,15 +234,14 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	admin := newClient(2)
 	defer admin.Close()
 	if srv == nil {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := target.checkServer(ctx, admin); err != nil {
+			return reportRedisErr(ctx, stderr, "dlock market", err)
+		}
+		pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
 		size, err := admin.DBSize(pctx).Result()
 		cancel()
 		if err != nil {
-			if ctx.Err() != nil {
-				return exitInterrupted
-			}
-			fmt.Fprintf(stderr, "dlock market: cannot reach Redis at %s: %v\n", opts.Addr, err)
-			return exitUnavailable
+			return reportRedisErr(ctx, stderr, "dlock market", err)
 		}
 		if size > 0 && !f.flush {
 			return usageErr(fmt.Errorf("database %d at %s holds %d keys and the experiment flushes it; pass --flush or use an empty database (e.g. redis://%s/15)", opts.DB, opts.Addr, size, opts.Addr))

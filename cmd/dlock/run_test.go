@@ -166,6 +166,9 @@ func TestRunLeaseLost(t *testing.T) {
 			if !strings.Contains(errOut, "lost lock") {
 				t.Errorf("stderr does not say the lock was lost: %q", errOut)
 			}
+			if strings.Count(errOut, "dlock") != 1 || strings.Contains(errOut, "lock lost") {
+				t.Errorf("stderr repeats the prefix or the loss: %q", errOut)
+			}
 			if strings.Contains(p.stdout.String(), "survived") {
 				t.Errorf("COMMAND ran on after the lease was lost")
 			}

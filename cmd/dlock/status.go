@@ -396,6 +396,28 @@ func liveWaiters(info *lockInfo, now int64, waiters map[string]string) {
 	}
 }
 
+// whatKeyIs says what the key of lock name holds instead of a dlock mutex,
+// as status reads it ("Redis key "dlock:{x}" is a list, not a dlock
+// mutex"), or, if it cannot be read, fallback.
+func whatKeyIs(ctx context.Context, rdb redis.UniversalClient, prefix, name, fallback string) string {
+	key := wire.HashKey(prefix, name)
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), inspectTimeout)
+	defer cancel()
+	if node, nerr := nodeFor(ictx, rdb, key); nerr == nil {
+		if infos, ierr := inspect(ictx, node, prefix, []string{key}); ierr == nil {
+			switch i := infos[0]; {
+			case i.Type == "foreign" && i.RedisType == "hash":
+				return fmt.Sprintf("Redis key %q is a hash that dlock did not write, not a dlock mutex", key)
+			case i.Type == "foreign":
+				return fmt.Sprintf("Redis key %q is a %s, not a dlock mutex", key, i.RedisType)
+			case i.Type != wire.KindMutex && i.Type != "none":
+				return fmt.Sprintf("Redis key %q is a dlock %s, not a mutex", key, i.Type)
+			}
+		}
+	}
+	return fallback
+}
+
 // nameOfKey is the lock name of a lock key, or the key itself if it is
 // not one.
 func nameOfKey(prefix, key string) string {
