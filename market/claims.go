@@ -27,9 +27,9 @@ const (
 )
 
 // heavy reports whether a load is as contended as the book's busiest
-// (5 sellers and 5 buyers) or more: the claims about WATCH's collapse and
-// the cost of dlock against the book's fine lock are made there, where
-// every row has competition.
+// (5 sellers and 5 buyers) or more: the claims about WATCH's collapse, the
+// coarse lock's hand-over without a gap and the cost of dlock against the
+// book's fine lock are made there, where every row has competition.
 func heavy(l Load) bool { return l.Listers >= 5 && l.Buyers >= 5 }
 
 // claims checks rs (cells that ran) against what the experiment shows;
@@ -86,7 +86,9 @@ func claims(rs []Result) []claim {
 				"a lock per item beats WATCH under contention: the book's fine lock bought %s as many items as WATCH (%g× or more expected: buyers of different items no longer undo each other's work)",
 				ratio(fine.Bought, watch.Bought), fineOverWatch)
 		}
-		if hasDC {
+		if hasDC && heavy(l) {
+			// Only where someone always wants the lock: with fewer
+			// workers it is often free because nobody asks for it.
 			busy := share(dc.LockHeld, dc.Duration)
 			then := ""
 			if hasCoarse {

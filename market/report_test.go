@@ -106,7 +106,7 @@ func TestClaims(t *testing.T) {
 	// At 1/1 the claims made for a contended market do not apply; the
 	// others do.
 	cs = claims(inOrder(storyResults(Load{1, 1})))
-	for _, s := range []string{keys["fine"], keys["dlock"]} {
+	for _, s := range []string{keys["fine"], keys["dlock"], keys["gap"]} {
 		for _, c := range cs {
 			if strings.Contains(c.text, s) {
 				t.Errorf("claim made at 1/1: %s", c.text)
@@ -114,7 +114,7 @@ func TestClaims(t *testing.T) {
 		}
 	}
 	claimWith(t, cs, keys["watch"])
-	claimWith(t, cs, keys["gap"])
+	claimWith(t, cs, keys["p99"])
 
 	// A claim needs its rows: without the dlock rows there is none about them.
 	m := storyResults(Load{5, 5})
