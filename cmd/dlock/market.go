@@ -58,8 +58,8 @@ lost, and it ends with what the run shows, each claim marked ✓ or ✗.
 Without flags it is a demo of about 20 s on 2 cores: 5 sellers and 5
 buyers, 3s per row, rows watch, coarse, fine, dlock-coarse, dlock-fine, lua,
 and a short table with every column explained. --full runs the book's whole
-experiment instead (loads 1/1, 5/1 and 5/5, every variant, 60s per row: 21
-minutes) and prints every column; --loads, --variants and --duration
+experiment instead (loads 1/1, 5/1 and 5/5, every variant, 60s per row:
+about 22 minutes) and prints every column; --loads, --variants and --duration
 change either.
 
 Without --redis (or DLOCK_REDIS_URL / REDIS_URL) it starts a private
@@ -70,7 +70,7 @@ every row; a non-empty database needs --flush.
 Examples:
 
   dlock market                                   # the demo, about 20 s
-  dlock market --full --chart market.svg         # the book's experiment, 21 minutes
+  dlock market --full --chart market.svg         # the book's experiment, 22 minutes
   dlock market --loads 1/1,5/5 --duration 10s    # two loads, 10 s per row
   dlock market --variants fine,dlock-fine --pick cheapest --wide
   dlock market --redis redis://127.0.0.1:6379/15 --json > market.json
@@ -316,10 +316,11 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 }
 
-// estimate is about how long rows of d take: each row also sets up its
-// market and checks it afterwards, about a tenth of a second on 2 cores.
+// estimate is about how long rows of d take: each row also fills the
+// sellers' inventories (sized for d) and checks the market afterwards, a
+// tenth of a second plus 5% of d on 2 cores.
 func estimate(rows int, d time.Duration) time.Duration {
-	return (time.Duration(rows) * (d + 100*time.Millisecond)).Round(time.Second)
+	return (time.Duration(rows) * (d + d/20 + 100*time.Millisecond)).Round(time.Second)
 }
 
 // fullHint points the demo's user to the whole experiment.
