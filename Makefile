@@ -1,5 +1,6 @@
 # dlock: make test runs everything CI runs; make demo runs the marketplace
-# experiment on a private redis-server; make bench compares dlock with peers;
+# experiment (about 20 s) on a private redis-server; make bench compares dlock
+# with peers; make chaos explores interleavings longer than make test does;
 # make mutate checks that the tests notice each safety mechanism removed.
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -29,7 +30,7 @@ chaos: redis-server
 		$(GO) test -race -count=1 -timeout 90m -run '^TestInterleavings$$' .
 
 demo: redis-server
-	$(GO) run ./cmd/dlock market --duration 3s
+	$(GO) run ./cmd/dlock market
 
 # Each curated mutant (internal/mutate/mutants.txt) breaks one safety
 # mechanism with a small edit; the tests docs/SAFETY.md cites for it must

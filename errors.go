@@ -3,6 +3,7 @@ package dlock
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -26,17 +27,63 @@ var (
 	ErrForeignKey = errors.New("dlock: key is not a dlock lock")
 )
 
+// prefix begins every error message of the package, once: an error that
+// wraps another writes the inner one's message without it.
+const prefix = "dlock: "
+
+// bare is err's message without the package's prefix.
+func bare(err error) string { return strings.TrimPrefix(err.Error(), prefix) }
+
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
 }
 
-// nameErr puts the lock name in front of err.
-func nameErr(name string, err error) error {
-	return fmt.Errorf("dlock: lock %q: %w", name, err)
+// nameError is an error about one lock: `dlock: lock "NAME": ` and what
+// went wrong, with the context's cause in parentheses when a context
+// ended it for a reason of its own.
+type nameError struct {
+	name  string
+	err   error
+	cause error // optional
 }
 
-// scriptErr turns a script's own error replies into dlock errors.
-func scriptErr(key string, err error) error {
+func (e *nameError) Error() string {
+	s := prefix + "lock " + strconv.Quote(e.name) + ": " + bare(e.err)
+	if e.cause != nil {
+		s += " (" + bare(e.cause) + ")"
+	}
+	return s
+}
+
+func (e *nameError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{e.err}
+	}
+	return []error{e.err, e.cause}
+}
+
+// nameErr puts the lock name in front of err.
+func nameErr(name string, err error) error {
+	return &nameError{name: name, err: err}
+}
+
+// foreignError says what a lock's key holds instead of a dlock lock of the
+// kind asked for; it is an ErrForeignKey.
+type foreignError struct{ msg string }
+
+func (e *foreignError) Error() string        { return prefix + e.msg }
+func (e *foreignError) Is(target error) bool { return target == ErrForeignKey }
+
+// lostError is ErrLockLost with what the lease found, written once:
+// "dlock: lock lost: Redis key ... is ...".
+type lostError struct{ err error }
+
+func (e *lostError) Error() string   { return ErrLockLost.Error() + ": " + bare(e.err) }
+func (e *lostError) Unwrap() []error { return []error{ErrLockLost, e.err} }
+
+// scriptErr turns a script's own error replies about key into dlock errors;
+// kind is the kind of lock the call wanted the key to be.
+func scriptErr(key, kind string, err error) error {
 	msg := err.Error()
 	switch {
 	case strings.HasPrefix(msg, "DLOCK_FOREIGN "):
@@ -44,9 +91,12 @@ func scriptErr(key string, err error) error {
 		if i := strings.IndexByte(what, ' '); i >= 0 && !strings.HasPrefix(what, "dlock ") {
 			what = what[:i]
 		}
-		return fmt.Errorf("%w: Redis key %q holds a %s", ErrForeignKey, key, what)
+		if strings.HasPrefix(what, "dlock ") {
+			return &foreignError{fmt.Sprintf("Redis key %q is a %s, not a %s", key, what, kind)}
+		}
+		return &foreignError{fmt.Sprintf("Redis key %q is a %s that dlock did not write, not a dlock %s", key, what, kind)}
 	case strings.HasPrefix(msg, "WRONGTYPE"):
-		return fmt.Errorf("%w: Redis key %q holds a value of another type", ErrForeignKey, key)
+		return &foreignError{fmt.Sprintf("Redis key %q is not a hash, so not a dlock %s", key, kind)}
 	}
 	return err
 }

@@ -262,7 +262,7 @@ func (h *holding) release(ctx context.Context) error {
 		v, err = h.c.releaseCall(ctx, h)
 	}
 	if isForeign(err) {
-		err = fmt.Errorf("%w: %w", ErrLockLost, scriptErr(h.lk.hash, err))
+		err = &lostError{scriptErr(h.lk.hash, h.lk.kind, err)}
 		h.settle(lost, err)
 		return nameErr(h.lk.name, err)
 	}

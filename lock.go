@@ -245,15 +245,11 @@ func (h *holding) raced(ctx context.Context) bool {
 // kindErr maps a script's error reply to a dlock error that names what the
 // key holds and what this call wanted it to be.
 func (lk *lock) kindErr(err error) error {
-	e := scriptErr(lk.hash, err)
-	switch {
-	case errors.Is(e, ErrForeignKey):
-		return fmt.Errorf("%w, not a %s", e, lk.kind)
-	case strings.HasPrefix(err.Error(), wire.ErrSize):
-		return invalidf("semaphore %q is in use with size %s, not %s: every client must give it the same size",
-			lk.name, strings.TrimPrefix(err.Error(), wire.ErrSize), lk.sizeArg)
+	if strings.HasPrefix(err.Error(), wire.ErrSize) {
+		return invalidf("the semaphore is in use with size %s, not %s: every client must give it the same size",
+			strings.TrimPrefix(err.Error(), wire.ErrSize), lk.sizeArg)
 	}
-	return e
+	return scriptErr(lk.hash, lk.kind, err)
 }
 
 // permanent reports errors that retrying cannot cure.
@@ -265,7 +261,7 @@ func permanent(err error) bool {
 func (lk *lock) fail(ctx context.Context, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		if cause := context.Cause(ctx); cause != nil && cause != cerr {
-			return fmt.Errorf("dlock: lock %q: %w (%w)", lk.name, cerr, cause)
+			return &nameError{name: lk.name, err: cerr, cause: cause}
 		}
 		return nameErr(lk.name, cerr)
 	}

@@ -130,7 +130,7 @@ func isNoScript(err error) bool {
 // isForeign reports a script's refusal to touch a key that is not a dlock
 // lock of its kind.
 func isForeign(err error) bool {
-	return err != nil && errors.Is(scriptErr("", err), ErrForeignKey)
+	return err != nil && errors.Is(scriptErr("", "", err), ErrForeignKey)
 }
 
 // eval runs a script call for a caller that waits on ctx (see aside).

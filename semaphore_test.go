@@ -381,7 +381,7 @@ func TestPrimitiveKindsDoNotMix(t *testing.T) {
 	}
 	want := func(err error, holds, not string) {
 		t.Helper()
-		if !errors.Is(err, dlock.ErrForeignKey) || !strings.Contains(err.Error(), "holds a dlock "+holds+", not a "+not) {
+		if !errors.Is(err, dlock.ErrForeignKey) || !strings.Contains(err.Error(), "is a dlock "+holds+", not a "+not) || strings.Count(err.Error(), "dlock: ") != 1 {
 			t.Fatalf("want a %s refused as a %s: %v", holds, not, err)
 		}
 	}

@@ -150,8 +150,10 @@ type Config struct {
 	// what redis.NewFailoverClient returns).
 	NewClient func() redis.UniversalClient
 	// Locker provides the dlock-* rows. If nil, those rows are skipped and
-	// reported as skipped.
-	Locker Locker
+	// reported as skipped, for the reason NoLocker gives (default "no
+	// Locker configured").
+	Locker   Locker
+	NoLocker string
 
 	// fault breaks the experiment on purpose, to prove the checks can fail
 	// (tests only).

@@ -100,6 +100,17 @@ func TestConservationEveryVariant(t *testing.T) {
 		if r.Variant == VariantLua && r.CommandCalls["evalsha"] == 0 {
 			t.Errorf("lua row ran no EVALSHA: %v", r.CommandCalls)
 		}
+		// One lock is held by one worker at a time: a coarse row's locks
+		// are held at most the row's duration in all.
+		spec := specFor(r.Variant)
+		switch {
+		case spec.lock == lockNone && r.LockHeld != 0:
+			t.Errorf("%s %s: held a lock for %v without locking", r.Load, r.Variant, r.LockHeld)
+		case spec.lock != lockNone && r.LockHeld <= 0:
+			t.Errorf("%s %s: no time under the lock measured", r.Load, r.Variant)
+		case spec.lock != lockNone && !spec.fine && r.LockHeld > r.Duration:
+			t.Errorf("%s %s: the one lock was held %v in a %v row", r.Load, r.Variant, r.LockHeld, r.Duration)
+		}
 		if r.Variant == VariantCoarse && r.CommandCalls["setnx"] == 0 {
 			t.Errorf("coarse row ran no SETNX: %v", r.CommandCalls)
 		}
@@ -310,7 +321,7 @@ func TestWritersOnSyntheticResults(t *testing.T) {
 
 	var table bytes.Buffer
 	WriteTable(&table, rs)
-	for _, want := range []string{"load", "book wait", "FAILED", "check failed: total funds", "* improved row", "fine lock bought"} {
+	for _, want := range []string{"load", "book wait", "FAILED", "check failed: total funds", "a row the book does not have", "fine lock bought", "book wait  "} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}

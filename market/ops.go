@@ -47,15 +47,32 @@ type trader struct {
 	// stop is done at the deadline: retry loops and lock waits give up at
 	// their next step, critical sections already entered finish.
 	stop context.Context
+	// deadline is stop's deadline; time held after it is not counted.
+	deadline time.Time
 
 	retries        int64 // aborted EXECs of WATCH purchases
 	listRetries    int64 // aborted EXECs of WATCH listings
 	lockFailures   int64 // failed SETNX attempts, or Locker errors
 	unlockFailures int64 // releases that found the lock no longer theirs
 	lockErr        error // the first Locker or unlock error, for the report
+	// held is the time this worker held a lock before the deadline: from
+	// obtaining it to starting its release.
+	held time.Duration
 }
 
 func (t *trader) stopped() bool { return t.stop.Err() != nil }
+
+// holdEnds adds the time from since until now (or the deadline, if
+// earlier) to held: a critical section that began at since ends.
+func (t *trader) holdEnds(since time.Time) {
+	end := time.Now()
+	if !t.deadline.IsZero() && end.After(t.deadline) {
+		end = t.deadline
+	}
+	if end.After(since) {
+		t.held += end.Sub(since)
+	}
+}
 
 // list moves item from seller's inventory into the market at price.
 func (t *trader) list(ctx context.Context, seller int, item, member string, price int64) (outcome, error) {
@@ -298,7 +315,9 @@ func (t *trader) lock(ctx context.Context, name string) (release func(context.Co
 		if err != nil || out != outOK {
 			return nil, out, err
 		}
+		since := time.Now()
 		return func(ctx context.Context) error {
+			t.holdEnds(since)
 			ok, err := t.releaseFaithful(ctx, name, token)
 			if err == nil && !ok {
 				t.unlockFailures++
@@ -332,7 +351,9 @@ func (t *trader) lock(ctx context.Context, name string) (release func(context.Co
 		time.Sleep(lockPoll)
 		return nil, outLockFailed, nil
 	}
+	since := time.Now()
 	return func(ctx context.Context) error {
+		t.holdEnds(since)
 		// Cancel the wait context only after unlocking, in case the
 		// Locker ties anything of the holding to it.
 		defer cancel()

@@ -10,10 +10,10 @@ import (
 	"time"
 )
 
-// WriteTable prints the results the way the book's table does (load,
-// variant, listed, bought, purchase retries, average wait per purchase),
-// followed by the extra columns, the rows' verdicts, and the ratios that
-// the experiment targets, for each load where both rows ran.
+// WriteTable prints every column of every cell, the way the book's table
+// does (load, variant, listed, bought, purchase retries, average wait per
+// purchase) followed by the extra columns, then what each column means, the
+// skipped cells, notes, and the claims the run checks (see WriteSummary).
 func WriteTable(w io.Writer, rs []Result) {
 	cols := []column{
 		{head: "load", left: true},
@@ -36,136 +36,283 @@ func WriteTable(w io.Writer, rs []Result) {
 		{head: "zcard"},
 		{head: "check", left: true},
 	}
+	rep := collect(rs)
 	var rows [][]string
-	var notes, reasons []string
-	skipped := map[string][]string{} // reason → variants
-	improved := false
-	for _, r := range rs {
-		name := r.Variant
-		if r.Improved {
-			name += " *"
-			improved = true
-		}
-		if !r.ran() {
-			// Listed once below the table, not as rows of blanks.
-			if !slices.Contains(skipped[r.Skipped], r.Variant) {
-				skipped[r.Skipped] = append(skipped[r.Skipped], r.Variant)
-			}
-			if !slices.Contains(reasons, r.Skipped) {
-				reasons = append(reasons, r.Skipped)
-			}
-			continue
-		}
-		verdict := "ok"
-		switch {
-		case r.Check != nil || r.CheckError != "":
-			verdict = "FAILED"
-			notes = append(notes, fmt.Sprintf("%s %s: check failed: %s", r.Load, r.Variant, r.CheckError))
-		case !r.Valid:
-			verdict = "INVALID"
-			notes = append(notes, fmt.Sprintf("%s %s: invalid: %s", r.Load, r.Variant, r.Invalid))
-		}
-		for _, n := range r.Notes {
-			notes = append(notes, fmt.Sprintf("%s %s: %s", r.Load, r.Variant, n))
-		}
-		if r.ListTimeouts > 0 || r.NoFunds > 0 {
-			notes = append(notes, fmt.Sprintf("%s %s: %d listings timed out, %d purchases lacked funds", r.Load, r.Variant, r.ListTimeouts, r.NoFunds))
-		}
-		cmds, ops := count(r.Commands), count(int64(r.OpsPerSec+0.5))
+	for _, r := range rep.ran {
+		cmds := count(r.Commands)
 		if _, ok := r.CommandCalls["*"]; ok {
 			cmds += "†"
 		}
 		rows = append(rows, []string{
-			r.Load.String(), name,
+			r.Load.String(), rowName(r),
 			count(r.Listed), count(r.Bought), count(r.Retries), dur(r.BookWait),
 			count(r.Gone), count(r.Timeouts), count(r.LockFailures), count(r.InFlight),
 			dur(r.Success.Mean), dur(r.Success.P50), dur(r.Success.P99),
 			dur(r.All.Mean), dur(r.All.P99),
-			cmds, ops, count(r.FinalZCard), verdict,
+			cmds, count(int64(r.OpsPerSec + 0.5)), count(r.FinalZCard), verdict(r),
 		})
 	}
 	writeColumns(w, cols, rows)
+	if len(rep.ran) > 0 {
+		fmt.Fprintln(w)
+		legend := append(variantLegend(rep.ran), [][2]string{
+			{"load", "sellers/buyers: how many of each ran at once"},
+			{"listed", "items the sellers put on the market"},
+			{"bought", "items bought (higher is better)"},
+			{"retries", "WATCH purchases started over because the market changed meanwhile"},
+			{"book wait", `buyers × duration ÷ bought: the book's "average wait per purchase"`},
+			{"gone", "purchases that found the item sold, or its price changed, once they got to it"},
+			{"timeouts", "purchases that gave up after 10 s"},
+			{"lock fails", "the book's lock: attempts that found it taken; dlock rows: lock errors"},
+			{"in flight", "calls still running at the end of the row, not counted in the other columns"},
+			{"ok mean, p50, p99", "time of a successful purchase, lock wait and retries included: the mean; the time half of them, and 99 in 100, took at most"},
+			{"all mean, p99", "the same over every purchase call, gone items and timeouts included"},
+			{"commands", "commands Redis ran, those run by scripts included" + daggerNote(rep.ran)},
+			{"ops/s", "commands Redis ran per second"},
+			{"zcard", "items still on the market at the end"},
+			{"check", "ok: no money or item was created or lost; FAILED: something was; INVALID: a seller ran out of items, so the row measured less than it should"},
+		}...)
+		writeLegend(w, legend)
+	}
+	rep.writeRemarks(w)
+}
 
-	if len(rs) > 0 {
-		fmt.Fprintf(w, "\nbook wait = buyers × duration ÷ bought (the book's \"average wait per purchase\"); latencies are per purchase call, lock wait and retries included.\n")
-		if improved {
-			fmt.Fprintf(w, "* improved row, not in the book.\n")
+// WriteSummary prints a table a person reads at a glance: for each load,
+// one line per row that ran with what tells the rows apart (items bought,
+// WATCH retries, the book's lock polls, purchase latency, the conservation
+// check), then what each row and column means, the skipped rows and notes,
+// and the claims the run checks, each marked ✓ (holds) or ✗ (does not).
+// Lines stay within 100 columns.
+func WriteSummary(w io.Writer, rs []Result) {
+	rep := collect(rs)
+	// The retries and polls columns only where a row has them.
+	hasWatch := slices.ContainsFunc(rep.ran, func(r Result) bool { return r.Variant == VariantWatch })
+	hasPolls := slices.ContainsFunc(rep.ran, func(r Result) bool { return specFor(r.Variant).lock == lockFaithful })
+	cols := []column{{head: "variant", left: true}, {head: "bought"}}
+	if hasWatch {
+		cols = append(cols, column{head: "retries"})
+	}
+	if hasPolls {
+		cols = append(cols, column{head: "polls"})
+	}
+	cols = append(cols, column{head: "p50"}, column{head: "p99"}, column{head: "check", left: true})
+	for i, l := range rep.loads {
+		if i > 0 {
+			fmt.Fprintln(w)
 		}
-		for _, r := range rs {
-			if _, ok := r.CommandCalls["*"]; ok {
-				fmt.Fprintf(w, "† total commands from INFO stats (the server has no INFO commandstats).\n")
-				break
+		var rows [][]string
+		var d time.Duration
+		for _, r := range rep.ran {
+			if r.Load != l {
+				continue
 			}
+			d = r.Duration
+			row := []string{rowName(r), count(r.Bought)}
+			if hasWatch {
+				row = append(row, "-")
+				if r.Variant == VariantWatch {
+					row[len(row)-1] = count(r.Retries)
+				}
+			}
+			if hasPolls {
+				row = append(row, "-")
+				if specFor(r.Variant).lock == lockFaithful {
+					row[len(row)-1] = count(r.LockFailures)
+				}
+			}
+			rows = append(rows, append(row, dur(r.All.P50), dur(r.All.P99), verdict(r)))
+		}
+		fmt.Fprintf(w, "%s, %v per row:\n\n", loadWords(l), d)
+		writeColumns(w, cols, rows)
+	}
+	if len(rep.ran) > 0 {
+		fmt.Fprintln(w)
+		bought := "items bought in the row's time (higher is better)"
+		if len(rep.loads) == 1 {
+			bought = fmt.Sprintf("items bought in %v by %s (higher is better)", rep.ran[0].Duration, plural(rep.loads[0].Buyers, "buyer"))
+		}
+		legend := append(variantLegend(rep.ran), [2]string{"bought", bought})
+		if hasWatch {
+			legend = append(legend, [2]string{"retries", "purchases WATCH started over because another client changed the market first"})
+		}
+		if hasPolls {
+			legend = append(legend, [2]string{"polls", "the book's lock: attempts that found the lock taken and tried again 1 ms later, by sellers and buyers"})
+		}
+		legend = append(legend,
+			[2]string{"p50, p99", "time of one purchase, lock wait and retries included: half of the purchases took at most p50, 99 in 100 at most p99"},
+			[2]string{"check", "ok: after the row, no money or item was created or lost"})
+		writeLegend(w, legend)
+	}
+	rep.writeRemarks(w)
+}
+
+// report is what both tables print besides their rows.
+type report struct {
+	ran     []Result // the cells that ran, in order
+	loads   []Load   // the loads of ran, in order of first appearance
+	skipped []string // one line per reason a cell was skipped
+	notes   []string
+}
+
+// collect sorts rs into a report.
+func collect(rs []Result) report {
+	var rep report
+	byReason := map[string][]string{} // reason → variants
+	var reasons []string
+	for _, r := range rs {
+		if !r.ran() {
+			// Listed once below the table, not as rows of blanks.
+			if !slices.Contains(reasons, r.Skipped) {
+				reasons = append(reasons, r.Skipped)
+			}
+			if !slices.Contains(byReason[r.Skipped], r.Variant) {
+				byReason[r.Skipped] = append(byReason[r.Skipped], r.Variant)
+			}
+			continue
+		}
+		rep.ran = append(rep.ran, r)
+		if !slices.Contains(rep.loads, r.Load) {
+			rep.loads = append(rep.loads, r.Load)
+		}
+		switch {
+		case r.Check != nil || r.CheckError != "":
+			rep.notes = append(rep.notes, fmt.Sprintf("%s %s: check failed: %s", r.Load, r.Variant, r.CheckError))
+		case !r.Valid:
+			rep.notes = append(rep.notes, fmt.Sprintf("%s %s: invalid: %s", r.Load, r.Variant, r.Invalid))
+		}
+		for _, n := range r.Notes {
+			rep.notes = append(rep.notes, fmt.Sprintf("%s %s: %s", r.Load, r.Variant, n))
+		}
+		if r.ListTimeouts > 0 || r.NoFunds > 0 {
+			rep.notes = append(rep.notes, fmt.Sprintf("%s %s: %d listings timed out, %d purchases lacked funds", r.Load, r.Variant, r.ListTimeouts, r.NoFunds))
 		}
 	}
 	for _, reason := range reasons {
-		fmt.Fprintf(w, "skipped: %s (%s)\n", strings.Join(skipped[reason], ", "), reason)
+		rep.skipped = append(rep.skipped, fmt.Sprintf("skipped: %s (%s)", strings.Join(byReason[reason], ", "), reason))
 	}
-	for _, n := range notes {
-		fmt.Fprintf(w, "note: %s\n", n)
+	return rep
+}
+
+// writeRemarks prints the skipped cells, the notes and the claims.
+func (rep report) writeRemarks(w io.Writer) {
+	if len(rep.skipped)+len(rep.notes) > 0 {
+		fmt.Fprintln(w)
 	}
-	if shape := shapeLines(rs); len(shape) > 0 {
-		fmt.Fprintf(w, "\nshape against the targets:\n")
-		for _, s := range shape {
-			fmt.Fprintf(w, "  %s\n", s)
+	for _, s := range rep.skipped {
+		writeWrapped(w, "", s, "  ")
+	}
+	for _, n := range rep.notes {
+		writeWrapped(w, "", "note: "+n, "  ")
+	}
+	cs := claims(rep.ran)
+	if len(cs) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nWhat the run shows (✓ holds, ✗ does not):\n")
+	var last *Load
+	for _, c := range cs {
+		if len(rep.loads) > 1 && c.load != nil && (last == nil || *last != *c.load) {
+			last = c.load
+			fmt.Fprintf(w, "  %s:\n", loadWords(*c.load))
 		}
+		mark := "  ✓ "
+		if !c.holds {
+			mark = "  ✗ "
+		}
+		writeWrapped(w, mark, c.text, "    ")
 	}
 }
 
-// shapeLines compares rows of the same load against the targets.
-func shapeLines(rs []Result) []string {
-	var out []string
-	var loads []Load
-	byKey := map[string]Result{}
-	for _, r := range rs {
-		if !r.ran() {
-			continue
-		}
-		key := r.Load.String() + " " + r.Variant
-		if _, seen := byKey[key]; !seen {
-			byKey[key] = r
-		}
-		known := false
-		for _, l := range loads {
-			known = known || l == r.Load
-		}
-		if !known {
-			loads = append(loads, r.Load)
+// verdict is a cell's check column.
+func verdict(r Result) string {
+	switch {
+	case r.Check != nil || r.CheckError != "":
+		return "FAILED"
+	case !r.Valid:
+		return "INVALID"
+	}
+	return "ok"
+}
+
+// rowName is a cell's variant, starred when the book has no such row.
+func rowName(r Result) string {
+	if r.Improved {
+		return r.Variant + " *"
+	}
+	return r.Variant
+}
+
+// variantLegend explains each variant among rs, in table order, and the
+// star of the improved rows.
+func variantLegend(rs []Result) [][2]string {
+	var out [][2]string
+	improved := false
+	for _, v := range variantSpecs {
+		if slices.ContainsFunc(rs, func(r Result) bool { return r.Variant == v.name }) {
+			out = append(out, [2]string{v.name, v.about})
+			improved = improved || !v.book
 		}
 	}
-	for _, l := range loads {
-		get := func(v string) (Result, bool) {
-			r, ok := byKey[l.String()+" "+v]
-			return r, ok
-		}
-		watch, hasWatch := get(VariantWatch)
-		coarse, hasCoarse := get(VariantCoarse)
-		fine, hasFine := get(VariantFine)
-		dc, hasDC := get(VariantDlockCoarse)
-		df, hasDF := get(VariantDlockFine)
-		lua, hasLua := get(VariantLua)
-		if hasWatch {
-			out = append(out, fmt.Sprintf("%s: WATCH retries per purchase %s (book: far above 1)", l, ratio(watch.Retries, watch.Bought)))
-		}
-		if hasWatch && hasFine {
-			out = append(out, fmt.Sprintf("%s: fine lock bought %s WATCH's (target at 5/5: ≥ 10×)", l, ratio(fine.Bought, watch.Bought)))
-		}
-		if hasWatch && hasCoarse {
-			out = append(out, fmt.Sprintf("%s: coarse lock bought %s WATCH's", l, ratio(coarse.Bought, watch.Bought)))
-		}
-		if hasCoarse && hasDC {
-			out = append(out, fmt.Sprintf("%s: dlock-coarse bought %s the coarse lock's, p99 %s of it (target at 5/5: ≥ 3×, ≤ 0.25×)",
-				l, ratio(dc.Bought, coarse.Bought), ratio(int64(dc.All.P99), int64(coarse.All.P99))))
-		}
-		if hasFine && hasDF {
-			out = append(out, fmt.Sprintf("%s: dlock-fine bought %s the fine lock's, p99 %s (target at 5/5: ≥ 1.5×, ≤ 2ms)",
-				l, ratio(df.Bought, fine.Bought), dur(df.All.P99)))
-		}
-		if hasLua && hasDF {
-			out = append(out, fmt.Sprintf("%s: dlock-fine bought %s of lua's (the round-trip floor)", l, percent(df.Bought, lua.Bought)))
-		}
+	if improved {
+		out = append(out, [2]string{"*", "a row the book does not have"})
 	}
 	return out
+}
+
+// daggerNote explains the † of a server without per-command counts.
+func daggerNote(rs []Result) string {
+	for _, r := range rs {
+		if _, ok := r.CommandCalls["*"]; ok {
+			return " († from INFO stats: this server has no INFO commandstats)"
+		}
+	}
+	return ""
+}
+
+// legendWidth is the width lines of the legends and claims wrap at.
+const legendWidth = 100
+
+// writeLegend prints term–meaning pairs, the meanings aligned and wrapped
+// within legendWidth.
+func writeLegend(w io.Writer, entries [][2]string) {
+	width := 0
+	for _, e := range entries {
+		width = max(width, len([]rune(e[0])))
+	}
+	for _, e := range entries {
+		head := e[0] + strings.Repeat(" ", width+2-len([]rune(e[0])))
+		writeWrapped(w, head, e[1], strings.Repeat(" ", width+2))
+	}
+}
+
+// writeWrapped prints lead followed by s, s broken at spaces so that lines
+// stay within legendWidth runes; lines after the first begin with indent.
+func writeWrapped(w io.Writer, lead, s, indent string) {
+	line, empty := lead, true
+	for _, word := range strings.Fields(s) {
+		if !empty && len([]rune(line))+1+len([]rune(word)) > legendWidth {
+			fmt.Fprintln(w, line)
+			line, empty = indent, true
+		}
+		if !empty {
+			line += " "
+		}
+		line, empty = line+word, false
+	}
+	fmt.Fprintln(w, line)
+}
+
+// loadWords spells a load out: "5 sellers and 5 buyers".
+func loadWords(l Load) string {
+	return plural(l.Listers, "seller") + " and " + plural(l.Buyers, "buyer")
+}
+
+// plural is "1 buyer", "5 buyers".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func ratio(a, b int64) string {
@@ -175,14 +322,7 @@ func ratio(a, b int64) string {
 		}
 		return fmt.Sprintf("%s ÷ 0", count(a))
 	}
-	return fmt.Sprintf("%.2f×", float64(a)/float64(b))
-}
-
-func percent(a, b int64) string {
-	if b == 0 {
-		return "n/a"
-	}
-	return fmt.Sprintf("%.0f%%", 100*float64(a)/float64(b))
+	return sig3(float64(a)/float64(b)) + "×"
 }
 
 // column is one column of a plain-text table.

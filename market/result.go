@@ -40,6 +40,12 @@ type Result struct {
 	// LockFailures counts lock attempts that did not obtain the lock:
 	// failed SETNX polls for the book's lock, Locker errors for dlock rows.
 	LockFailures int64 `json:"lock_failures"`
+	// LockHeld is the time locks were held before the deadline, summed
+	// over workers, from obtaining a lock to starting its release (0 for
+	// the rows without a lock). For a coarse row, which has one lock, it
+	// is how long that lock was in use: a lock handed straight from one
+	// holder to the next is held nearly all of Duration.
+	LockHeld time.Duration `json:"lock_held_ns"`
 	// UnlockFailures counts releases that found the lock no longer held by
 	// the releaser; any is a failed check.
 	UnlockFailures int64 `json:"unlock_failures"`

@@ -1,6 +1,7 @@
 package market
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -66,7 +67,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			spec := specFor(name)
 			if spec.lock == lockDlock && cfg.Locker == nil {
 				r := baseResult(cfg, load, spec)
-				r.Skipped = "no Locker configured"
+				r.Skipped = cmp.Or(cfg.NoLocker, "no Locker configured")
 				results = append(results, r)
 				progressf(cfg.Progress, "[%d/%d] %-5s %-16s skipped: %s\n", n, total, load, name, r.Skipped)
 				continue
@@ -190,7 +191,7 @@ func runCell(ctx context.Context, cfg Config, admin redis.UniversalClient, load 
 			if w.err != nil || clock.stop == nil {
 				return
 			}
-			w.t.stop = clock.stop
+			w.t.stop, w.t.deadline = clock.stop, clock.deadline
 			if w.seller > 0 {
 				w.err = listerLoop(cellCtx, cfg, w, clock, inventory, &liveListed)
 			} else {
@@ -304,6 +305,7 @@ func aggregate(r *Result, logs []workerLog, load Load) {
 		r.ListRetries += w.t.listRetries
 		r.LockFailures += w.t.lockFailures
 		r.UnlockFailures += w.t.unlockFailures
+		r.LockHeld += w.t.held
 		if w.t.lockErr != nil && !slices.Contains(r.Notes, w.t.lockErr.Error()) && len(r.Notes) < 5 {
 			r.Notes = append(r.Notes, w.t.lockErr.Error())
 		}

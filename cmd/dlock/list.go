@@ -174,7 +174,7 @@ func writeList(w io.Writer, infos []lockInfo) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tTYPE\tSTATE\tFENCE\tTTL\tWAITING\tTOKEN")
+	fmt.Fprintln(tw, "NAME\tTYPE\tSTATE\tFENCE\tTTL\tCLIENTS WAITING\tIN LINE\tTOKEN")
 	for _, i := range infos {
 		typ := i.Type
 		if i.Type == "foreign" {
@@ -187,11 +187,7 @@ func writeList(w io.Writer, infos []lockInfo) {
 		if i.Token != "" {
 			token = textSafe(i.Token)
 		}
-		waiting := fmt.Sprint(i.WaitingClients)
-		if i.FairWaiters > 0 {
-			waiting += fmt.Sprintf(" (%d in line)", i.FairWaiters)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", textSafe(i.Name), typ, i.State, fence, formatTTL(i.TTLMillis), waiting, token)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", textSafe(i.Name), typ, i.State, fence, formatTTL(i.TTLMillis), i.WaitingClients, i.InLine, token)
 	}
 	_ = tw.Flush()
 }

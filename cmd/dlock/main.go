@@ -4,6 +4,7 @@
 // Usage:
 //
 //	dlock <command> [flags] [args]
+//	dlock --version
 //
 // Each command lives in its own file and registers itself in init; see
 // "dlock help" for the list. Exit codes shared by all commands:
@@ -134,6 +135,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	case "help", "-h", "-help", "--help":
 		usage(stdout)
 		return exitOK
+	case "version", "-version", "--version":
+		writeVersion(stdout)
+		return exitOK
 	case guardCommand:
 		return runGuard(args[1:], stderr)
 	}
@@ -159,7 +163,7 @@ func usage(w io.Writer) {
 	for _, n := range commandNames() {
 		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintf(w, "\nRun \"dlock <command> -h\" for a command's flags.\n")
+	fmt.Fprintf(w, "\nRun \"dlock <command> -h\" for a command's flags and examples, \"dlock --version\"\nfor the version and commit of this build.\n")
 }
 
 // quietLogger discards go-redis's internal log lines.

@@ -31,18 +31,49 @@ func init() {
 // skipped.
 var newLocker func(rdb redis.UniversalClient) (market.Locker, func() error)
 
+// The demo "dlock market" runs without flags: one load, the rows that tell
+// the story, a few seconds each, so that it ends in about 20 s on 2 cores.
+const (
+	demoLoads    = "5/5"
+	demoDuration = 3 * time.Second
+)
+
+// demoVariants are the demo's rows: the book's three, the dlock locks that
+// replace its lock, and the Lua floor.
+var demoVariants = []string{market.VariantWatch, market.VariantCoarse, market.VariantFine,
+	market.VariantDlockCoarse, market.VariantDlockFine, market.VariantLua}
+
+// fullLoads are the book's loads, run by --full.
+const fullLoads = "1/1,5/1,5/5"
+
 const marketUsage = `Usage: dlock market [flags]
 
 Runs the marketplace experiment of Redis in Action, chapter 6: sellers list
-items, buyers buy them, with optimistic WATCH transactions, the book's coarse
-and fine locks, dlock's locks and a Lua script, under each load. Prints the
-book's table with extra columns, checks that no money or item was created or
-lost, and can write a chart.
+items, buyers buy them, and each purchase is kept safe one of several ways:
+optimistic WATCH transactions, the book's lock on the whole market (coarse)
+or on each item (fine), dlock's Mutex in their place, or one Lua script per
+purchase. After every row it checks that no money or item was created or
+lost, and it ends with what the run shows, each claim marked ✓ or ✗.
+
+Without flags it is a demo of about 20 s on 2 cores: 5 sellers and 5
+buyers, 3s per row, rows watch, coarse, fine, dlock-coarse, dlock-fine, lua,
+and a short table with every column explained. --full runs the book's whole
+experiment instead (loads 1/1, 5/1 and 5/5, every variant, 60s per row:
+about 22 minutes) and prints every column; --loads, --variants and --duration
+change either.
 
 Without --redis (or DLOCK_REDIS_URL / REDIS_URL) it starts a private
 redis-server on a free loopback port, or an in-process server if
 redis-server is not installed. A server given with --redis is flushed before
-every cell; a non-empty database needs --flush.
+every row; a non-empty database needs --flush.
+
+Examples:
+
+  dlock market                                   # the demo, about 20 s
+  dlock market --full --chart market.svg         # the book's experiment, 22 minutes
+  dlock market --loads 1/1,5/5 --duration 10s    # two loads, 10 s per row
+  dlock market --variants fine,dlock-fine --pick cheapest --wide
+  dlock market --redis redis://127.0.0.1:6379/15 --json > market.json
 
 Exit codes: 0 ok, 1 a conservation check failed, 64 usage error,
 69 Redis unavailable, 130 interrupted.
@@ -59,6 +90,7 @@ type marketFlags struct {
 	pick     string
 	seed     int64
 	json     bool
+	wide     bool
 	chart    string
 	quiet    bool
 	flush    bool
@@ -71,34 +103,44 @@ func parseMarketFlags(args []string, stdout io.Writer) (f marketFlags, help bool
 	fs := flag.NewFlagSet("dlock market", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&f.redisURL, "redis", "", "Redis `URL` (redis://, rediss://, unix://); default $DLOCK_REDIS_URL, $REDIS_URL, else a private server")
-	fs.DurationVar(&f.duration, "duration", market.DefaultDuration, "length of each cell")
-	loads := fs.String("loads", "1/1,5/1,5/5", "comma-separated `listers/buyers` loads")
-	variants := fs.String("variants", "", "comma-separated variants (default all: "+strings.Join(market.Variants(), ",")+")")
+	full := fs.Bool("full", false, "run the book's whole experiment: loads "+fullLoads+", every variant, 60s per row, every column")
+	durationVar(fs, &f.duration, "duration", demoDuration, time.Millisecond, 0, "3s", "`duration` of each row (60s with --full)")
+	loads := fs.String("loads", demoLoads, "comma-separated `listers/buyers` loads ("+fullLoads+" with --full)")
+	variants := fs.String("variants", "", "comma-separated variants (default "+strings.Join(demoVariants, ",")+"; every one with --full: "+strings.Join(market.Variants(), ",")+")")
 	fs.StringVar(&f.pick, "pick", market.DefaultPick, "buyers' item choice: cheapest10, cheapest or random")
 	fs.Int64Var(&f.seed, "seed", 1, "seed for prices and picks")
-	fs.BoolVar(&f.json, "json", false, "print JSON instead of the table")
+	fs.BoolVar(&f.json, "json", false, "print JSON (every measure of every row) instead of a table")
+	fs.BoolVar(&f.wide, "wide", false, "print every column (the default with --full)")
 	fs.StringVar(&f.chart, "chart", "", "write an SVG chart to `FILE.svg`")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress lines on stderr")
 	fs.BoolVar(&f.flush, "flush", false, "allow flushing a non-empty database given with --redis")
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, marketUsage)
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return f, true, nil
-		}
-		return f, false, err
+		help, err := usageOrHelp(err, fs, marketUsage, stdout)
+		return f, help, err
 	}
 	if fs.NArg() > 0 {
 		return f, false, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if f.duration <= 0 {
-		return f, false, fmt.Errorf("--duration must be positive, got %v", f.duration)
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if *full {
+		f.wide = true
+		if !set["duration"] {
+			f.duration = market.DefaultDuration
+		}
+		if !set["loads"] {
+			*loads = fullLoads
+		}
+		if !set["variants"] {
+			*variants = strings.Join(market.Variants(), ",")
+		}
+	} else if !set["variants"] {
+		*variants = strings.Join(demoVariants, ",")
 	}
 	if f.loads, err = market.ParseLoads(*loads); err != nil {
 		return f, false, err
 	}
-	fs.Visit(func(fl *flag.Flag) { f.variantsSet = f.variantsSet || fl.Name == "variants" })
+	f.variantsSet = set["variants"]
 	for _, v := range strings.Split(*variants, ",") {
 		if v = strings.TrimSpace(v); v != "" {
 			f.variants = append(f.variants, v)
@@ -149,9 +191,13 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 	// Check everything the user typed before starting or touching a server.
 	var opts *redis.Options
+	var target *redisTarget
 	if f.redisURL != "" {
-		if opts, err = redis.ParseURL(f.redisURL); err != nil {
-			return usageErr(fmt.Errorf("--redis %q: %s", redactURL(f.redisURL), redactErr(err, f.redisURL)))
+		if target, err = parseRedisTarget(f.redisURL); err != nil {
+			return usageErr(err)
+		}
+		if opts = target.single; opts == nil {
+			return usageErr(fmt.Errorf("--redis %q: the market needs one server (redis://, rediss:// or unix://), not a Cluster or Sentinel", target.display))
 		}
 	}
 	cfg.NewClient = func() redis.UniversalClient { return nil }
@@ -173,11 +219,11 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		opts = &redis.Options{Addr: srv.addr}
 		say("using %s", srv.describe)
 		if srv.miniredis && !f.variantsSet {
-			cfg.Variants = slices.DeleteFunc(market.Variants(), func(v string) bool { return v == market.VariantWatch })
+			cfg.Variants = slices.DeleteFunc(cfg.Variants, func(v string) bool { return v == market.VariantWatch })
 			say("skipping the watch row: miniredis does not abort a WATCH transaction when another client ZREMs from the watched set, so WATCH purchases would double-sell and fail the check (pass --variants to run it anyway)")
 		}
 	}
-	opts.DisableIdentity = true
+	opts.DisableIdentity = true // Redis before 7.2 rejects CLIENT SETINFO
 	newClient := func(poolSize int) *redis.Client {
 		o := *opts
 		o.PoolSize = poolSize
@@ -188,15 +234,14 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	admin := newClient(2)
 	defer admin.Close()
 	if srv == nil {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := target.checkServer(ctx, admin); err != nil {
+			return reportRedisErr(ctx, stderr, "dlock market", err)
+		}
+		pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
 		size, err := admin.DBSize(pctx).Result()
 		cancel()
 		if err != nil {
-			if ctx.Err() != nil {
-				return exitInterrupted
-			}
-			fmt.Fprintf(stderr, "dlock market: cannot reach Redis at %s: %v\n", opts.Addr, err)
-			return exitUnavailable
+			return reportRedisErr(ctx, stderr, "dlock market", err)
 		}
 		if size > 0 && !f.flush {
 			return usageErr(fmt.Errorf("database %d at %s holds %d keys and the experiment flushes it; pass --flush or use an empty database (e.g. redis://%s/15)", opts.DB, opts.Addr, size, opts.Addr))
@@ -210,14 +255,24 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		defer lockRDB.Close()
 		defer closeLocker()
 		if err := probeLocker(ctx, locker); err != nil {
-			say("the dlock-* rows are skipped: the lock core cannot lock on this server: %v", err)
+			cfg.NoLocker = "dlock cannot lock on this server: " + probeProblem(err)
 		} else {
 			cfg.Locker = locker
 		}
 	} else {
-		say("the dlock-* rows are skipped: this binary was built without the lock core")
+		cfg.NoLocker = "this binary was built without the lock core"
+	}
+	if cfg.NoLocker != "" {
+		say("the dlock-* rows are skipped: %s", cfg.NoLocker)
 	}
 
+	rows := 0
+	for _, v := range cfg.Variants {
+		if cfg.Locker != nil || !strings.HasPrefix(v, "dlock-") {
+			rows += len(cfg.Loads)
+		}
+	}
+	say("%d rows of %v each, about %v in all%s", rows, cfg.Duration, estimate(rows, cfg.Duration), fullHint(f))
 	results, runErr := market.Run(ctx, cfg)
 
 	if len(results) > 0 {
@@ -226,8 +281,10 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 				fmt.Fprintf(stderr, "dlock market: writing JSON: %v\n", err)
 				return exitFailed
 			}
-		} else {
+		} else if f.wide {
 			market.WriteTable(stdout, results)
+		} else {
+			market.WriteSummary(stdout, results)
 		}
 		if f.chart != "" {
 			if err := writeChart(f.chart, results); err != nil {
@@ -259,6 +316,21 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 }
 
+// estimate is about how long rows of d take: each row also fills the
+// sellers' inventories (sized for d) and checks the market afterwards, a
+// tenth of a second plus 5% of d on 2 cores.
+func estimate(rows int, d time.Duration) time.Duration {
+	return (time.Duration(rows) * (d + d/20 + 100*time.Millisecond)).Round(time.Second)
+}
+
+// fullHint points the demo's user to the whole experiment.
+func fullHint(f marketFlags) string {
+	if f.wide {
+		return ""
+	}
+	return " (--full runs the book's whole experiment)"
+}
+
 // probeLocker takes and releases one lock, so that a server the lock core
 // cannot work with (the in-process fallback lacks some commands) skips the
 // dlock-* rows with a reason instead of filling them with errors.
@@ -270,6 +342,17 @@ func probeLocker(ctx context.Context, l market.Locker) error {
 		return err
 	}
 	return unlock(ctx)
+}
+
+// probeProblem is the gist of probeLocker's error: a server that lacks a
+// command the lock's scripts call answers with a compile error and a Lua
+// stack trace, which says no more than that.
+func probeProblem(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "dlock: ")
+	if strings.Contains(msg, "Unknown Redis command") {
+		return "it lacks a command dlock's scripts call"
+	}
+	return msg
 }
 
 // isUnavailable reports whether err looks like a lost or refused

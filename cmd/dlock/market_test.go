@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+	"unicode/utf8"
 
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/dlock-go/dlock/market"
@@ -54,8 +56,67 @@ func TestUsageErrors(t *testing.T) {
 	if code, out, _ := runCLI(t, "help"); code != exitOK || !strings.Contains(out, "market") {
 		t.Errorf("dlock help: exit %d, output %q", code, out)
 	}
-	if code, out, _ := runCLI(t, "market", "-h"); code != exitOK || !strings.Contains(out, "-duration") {
-		t.Errorf("dlock market -h: exit %d, output %q", code, out)
+	code, out, _ := runCLI(t, "market", "-h")
+	for _, want := range []string{"-duration", "-full", "Examples:\n\n  dlock market ", "Exit codes"} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Errorf("dlock market -h: exit %d, output lacks %q:\n%s", code, want, out)
+		}
+	}
+}
+
+// TestMarketDemoFlags: without flags market is the short demo (one load, the
+// rows that tell the story, 3 s each, the short table); --full is the
+// book's whole experiment with every column; explicit flags win over both.
+func TestMarketDemoFlags(t *testing.T) {
+	clearRedisEnv(t)
+	parse := func(args ...string) marketFlags {
+		t.Helper()
+		f, help, err := parseMarketFlags(args, io.Discard)
+		if err != nil || help {
+			t.Fatalf("parse %q: %v, help %v", args, err, help)
+		}
+		return f
+	}
+	f := parse()
+	if len(f.loads) != 1 || f.loads[0] != (market.Load{Listers: 5, Buyers: 5}) || f.duration != 3*time.Second || f.wide ||
+		strings.Join(f.variants, ",") != "watch,coarse,fine,dlock-coarse,dlock-fine,lua" {
+		t.Errorf("demo: loads %v, duration %v, wide %v, variants %v", f.loads, f.duration, f.wide, f.variants)
+	}
+	f = parse("--full")
+	if len(f.loads) != 3 || f.duration != time.Minute || !f.wide || len(f.variants) != len(market.Variants()) {
+		t.Errorf("--full: loads %v, duration %v, wide %v, variants %v", f.loads, f.duration, f.wide, f.variants)
+	}
+	f = parse("--full", "--duration", "5s", "--loads", "2/2", "--variants", "lua")
+	if len(f.loads) != 1 || f.duration != 5*time.Second || len(f.variants) != 1 {
+		t.Errorf("--full with flags: loads %v, duration %v, variants %v", f.loads, f.duration, f.variants)
+	}
+}
+
+// TestMarketDemo runs the demo's rows, shortened, on a private
+// redis-server: every row runs (the dlock rows included), the table fits
+// 100 columns, explains its columns and marks its claims.
+func TestMarketDemo(t *testing.T) {
+	clearRedisEnv(t)
+	code, stdout, stderr := runCLI(t, "market", "--duration", "300ms")
+	if code != exitOK {
+		t.Fatalf("exit %d; stderr:\n%s", code, stderr)
+	}
+	t.Logf("stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	if strings.Contains(stdout, "skipped") || strings.Contains(stderr, "skipped") {
+		t.Errorf("a row was skipped")
+	}
+	for _, l := range strings.Split(stdout, "\n") {
+		if n := utf8.RuneCountInString(l); n > 100 {
+			t.Errorf("line of %d columns: %q", n, l)
+		}
+	}
+	for _, want := range []string{"5 sellers and 5 buyers, 300ms per row", "dlock-fine *", "polls  ", "What the run shows", "  ✓ no money or item"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q", want)
+		}
+	}
+	if !strings.Contains(stderr, "6 rows of 300ms each") {
+		t.Errorf("stderr does not say how long the run takes")
 	}
 }
 
@@ -99,7 +160,7 @@ func TestMarketOnGivenServer(t *testing.T) {
 func TestMarketEmbeddedRedisServer(t *testing.T) {
 	clearRedisEnv(t)
 	chart := filepath.Join(t.TempDir(), "market.svg")
-	code, stdout, stderr := runCLI(t, "market", "--duration", "200ms", "--loads", "1/1", "--variants", "coarse,lua", "--chart", chart)
+	code, stdout, stderr := runCLI(t, "market", "--duration", "200ms", "--loads", "1/1", "--variants", "coarse,lua", "--wide", "--chart", chart)
 	if code != exitOK {
 		t.Fatalf("exit %d; stderr:\n%s", code, stderr)
 	}

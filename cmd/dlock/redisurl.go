@@ -15,6 +15,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -41,6 +42,9 @@ type redisTarget struct {
 	// form in which a URL is ever printed.
 	display   string
 	newClient func() redis.UniversalClient
+	// single holds the options of a single server (redis://, rediss://,
+	// unix://); nil for a Cluster or Sentinel.
+	single *redis.Options
 }
 
 // resolveRedisURL returns the flag's value, else $DLOCK_REDIS_URL, else
@@ -81,6 +85,7 @@ func parseRedisTarget(raw string) (*redisTarget, error) {
 			return nil, bad(err)
 		}
 		o.DisableIdentity = true // Redis before 7.2 rejects CLIENT SETINFO
+		t.single = o
 		t.newClient = func() redis.UniversalClient { return redis.NewClient(o) }
 	case mode == "cluster" && (base == "redis" || base == "rediss"):
 		// go-redis's cluster URLs know no skip_verify (its other URLs do).
@@ -275,21 +280,106 @@ func redactErr(err error, raw string) string {
 }
 
 // connect makes a client and checks within redisPingTimeout that the server
-// answers (any failure, refused connection or rejected password, is an
-// unreachableError: exit 69; a database the server does not have is a
-// badTargetError: exit 64).
+// answers. A failure is explained by checkServer.
 func (t *redisTarget) connect(ctx context.Context) (redis.UniversalClient, error) {
 	rdb := t.newClient()
-	pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
-	defer cancel()
-	if err := rdb.Ping(pctx).Err(); err != nil {
+	if err := t.checkServer(ctx, rdb); err != nil {
 		_ = rdb.Close()
-		if strings.Contains(err.Error(), "DB index is out of range") {
-			return nil, &badTargetError{url: t.display, err: err}
-		}
-		return nil, &unreachableError{url: t.display, err: err}
+		return nil, err
 	}
 	return rdb, nil
+}
+
+// checkServer sends PING through rdb, a client of t, within
+// redisPingTimeout. A database the server does not have is a
+// badTargetError (exit 64); any other failure, a refused connection or a
+// rejected password, is an unreachableError (exit 69) that says what was
+// attempted and, when a timeout hides it, the likely cause.
+func (t *redisTarget) checkServer(ctx context.Context, rdb redis.UniversalClient) error {
+	pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
+	defer cancel()
+	err := rdb.Ping(pctx).Err()
+	switch {
+	case err == nil:
+		return nil
+	case strings.Contains(err.Error(), "DB index is out of range"):
+		return &badTargetError{url: t.display, err: t.noSuchDB(ctx, err)}
+	case ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)):
+		return &unreachableError{url: t.display, err: t.diagnoseTimeout(ctx)}
+	}
+	return &unreachableError{url: t.display, err: err}
+}
+
+// isTimeout reports a network timeout (go-redis's read and write timeouts).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// noSuchDB explains a SELECT the server refused, with the number of
+// databases it has when it tells (CONFIG GET may be refused).
+func (t *redisTarget) noSuchDB(ctx context.Context, err error) error {
+	db := 0
+	if t.single != nil {
+		db = t.single.DB
+	}
+	has := "a server has 16 (0..15) unless its databases setting says otherwise"
+	if t.single != nil {
+		o := *t.single
+		o.DB = 0
+		c := redis.NewClient(&o)
+		defer c.Close()
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if v, cerr := c.ConfigGet(cctx, "databases").Result(); cerr == nil {
+			if n, cerr := strconv.Atoi(v["databases"]); cerr == nil && n > 0 {
+				has = fmt.Sprintf("this one has %d (0..%d)", n, n-1)
+			}
+		}
+	}
+	return fmt.Errorf("the server has no database %d (%v): %s; this is a usage error, not an outage", db, err, has)
+}
+
+// probeTimeout bounds each step of diagnoseTimeout's probe.
+const probeTimeout = time.Second
+
+// diagnoseTimeout explains a PING that got no answer in time: it connects
+// once more without go-redis and sends a plain-text PING, to tell a server
+// that speaks without TLS (when the URL asks for TLS) from one that
+// accepts connections but answers nothing (frozen) and from an address
+// where nothing accepts them.
+func (t *redisTarget) diagnoseTimeout(ctx context.Context) error {
+	limit := shortDuration(redisPingTimeout)
+	if t.single == nil {
+		return fmt.Errorf("no answer to PING within %s: the servers may be frozen or overloaded, or expect TLS (rediss+...)", limit)
+	}
+	o := t.single
+	tls := o.TLSConfig != nil
+	attempt := "no answer to PING within " + limit
+	if tls {
+		attempt = "no answer to the TLS handshake and PING within " + limit
+	}
+	d := net.Dialer{Timeout: probeTimeout}
+	conn, err := d.DialContext(ctx, o.Network, o.Addr)
+	if err != nil {
+		return fmt.Errorf("%s; a new connection to %s failed too (%v): the host may be down, or a firewall drops the packets", attempt, o.Addr, err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(probeTimeout))
+	reply := make([]byte, 1)
+	_, werr := conn.Write([]byte("PING\r\n"))
+	_, rerr := io.ReadFull(conn, reply)
+	switch {
+	case werr == nil && rerr == nil && tls && (reply[0] == '+' || reply[0] == '-'):
+		return fmt.Errorf("%s; the server answers without TLS: use redis:// instead of rediss://", attempt)
+	case werr == nil && rerr == nil && !tls && (reply[0] == '+' || reply[0] == '-'):
+		return fmt.Errorf("%s, though it answered a second connection at once: it was overloaded or paused for a while", attempt)
+	case werr == nil && rerr == nil && !tls:
+		return fmt.Errorf("%s; the server answered plain text with something else than Redis does: does it expect TLS (rediss://)?", attempt)
+	case !tls && (errors.Is(rerr, io.EOF) || errors.Is(rerr, syscall.ECONNRESET)):
+		return fmt.Errorf("%s; the server closes connections that send a plain PING: does it expect TLS (rediss://)?", attempt)
+	}
+	return fmt.Errorf("%s; the server accepts connections but answers nothing: it is frozen (stopped with SIGSTOP, or blocked by a long script or command) or overloaded", attempt)
 }
 
 // pingWithin reports whether the server answers PING within d.

@@ -116,7 +116,8 @@ Examples:
   dlock run --fair --wait forever queue-worker -- ./drain-one.sh
   dlock run --wait forever --ttl 30s migrate -- sh -c 'migrate --fence "$DLOCK_FENCE"'
   dlock run --conflict-exit-code 0 cron-report -- ./report   # skip silently when busy
-  dlock run --leftovers wait build -- make -j8                 # keep the lock for stragglers
+  dlock run --quiet --wait 1m sync -- ./sync.sh              # exit 75 when busy, no message
+  dlock run --leftovers wait build -- make -j8               # keep the lock for stragglers
 
 Exit codes:
 
@@ -127,7 +128,8 @@ Exit codes:
   69                 Redis cannot be reached (also when it stopped
                      answering while --wait ran out)
   75                 the lock is held elsewhere and was not obtained within
-                     --wait (EX_TEMPFAIL; change with --conflict-exit-code)
+                     --wait (EX_TEMPFAIL; change with --conflict-exit-code;
+                     with 0, or with --quiet, nothing is written to stderr)
   76                 the lease was lost while COMMAND's group ran
   126, 127           COMMAND could not be run, or was not found
   129, 130, 143      dlock died of SIGHUP, SIGINT or SIGTERM while waiting
@@ -147,6 +149,9 @@ type runFlags struct {
 	wait         time.Duration // 0: one attempt; waitForever: no limit
 	killGrace    time.Duration
 	conflictCode int
+	// quiet: nothing on stderr when the lock is not obtained (also
+	// implied by --conflict-exit-code 0).
+	quiet        bool
 	fair         bool
 	leftovers    string // leftoversKill or leftoversWait
 	passRedisURL bool
@@ -176,7 +181,7 @@ func (w waitFlag) Set(s string) error {
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d < 0 {
-		return fmt.Errorf("want 0, a duration such as 30s, or forever")
+		return errors.New("want 0, a duration such as 30s, or forever")
 	}
 	*w.d = d
 	return nil
@@ -188,10 +193,11 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 	fs.SetOutput(io.Discard)
 	redisURL := fs.String("redis", "", redisURLHelp)
 	fs.StringVar(&f.prefix, "prefix", "dlock:", "key `prefix` of the locks (the library's WithPrefix)")
-	fs.DurationVar(&f.ttl, "ttl", dlock.DefaultTTL, "lease length: how long the lock outlives a dlock that stops renewing it")
+	durationVar(fs, &f.ttl, "ttl", dlock.DefaultTTL, time.Millisecond, dlock.MaxTTL, "10s", "lease length, a `duration` (1ms.."+shortDuration(dlock.MaxTTL)+"): how long the lock outlives a dlock that stops renewing it")
 	fs.Var(waitFlag{&f.wait}, "wait", "how long to wait for a held lock: 0, a `duration` such as 30s, or forever (default 0)")
-	fs.DurationVar(&f.killGrace, "kill-grace", 5*time.Second, "time between SIGTERM and SIGKILL to COMMAND's group, after a lost lease or for what COMMAND leaves behind")
-	fs.IntVar(&f.conflictCode, "conflict-exit-code", exitNotObtained, "exit `code` when the lock is not obtained")
+	durationVar(fs, &f.killGrace, "kill-grace", 5*time.Second, 0, 0, "5s", "`duration` between SIGTERM and SIGKILL to COMMAND's group, after a lost lease or for what COMMAND leaves behind")
+	fs.IntVar(&f.conflictCode, "conflict-exit-code", exitNotObtained, "exit `code` when the lock is held elsewhere and not obtained; 0 skips COMMAND silently")
+	fs.BoolVar(&f.quiet, "quiet", false, "say nothing when the lock is held elsewhere and not obtained, whatever --conflict-exit-code")
 	fs.BoolVar(&f.fair, "fair", false, "first come, first served across all clients: wait in a line at Redis and be handed the lock in turn (the library's Fair)")
 	fs.StringVar(&f.leftovers, "leftovers", leftoversKill, "what to do, when COMMAND exits, with what it left running in its process group: `kill|wait` (kill: SIGTERM, then SIGKILL after --kill-grace; wait: keep the lock until it has exited, Linux)")
 	fs.BoolVar(&f.passRedisURL, "pass-redis-url", false, "pass $DLOCK_REDIS_URL to COMMAND even when it holds a password")
@@ -212,10 +218,6 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 	switch {
 	case len(f.command) == 0:
 		return f, false, errors.New("missing the COMMAND to run (dlock run NAME [flags] -- COMMAND [ARGS...])")
-	case f.ttl < time.Millisecond || f.ttl > dlock.MaxTTL:
-		return f, false, fmt.Errorf("--ttl %v is outside 1ms..%v", f.ttl, dlock.MaxTTL)
-	case f.killGrace < 0:
-		return f, false, fmt.Errorf("--kill-grace %v is negative", f.killGrace)
 	case f.conflictCode < 0 || f.conflictCode > 255:
 		return f, false, fmt.Errorf("--conflict-exit-code %d is outside 0..255", f.conflictCode)
 	case f.leftovers != leftoversKill && f.leftovers != leftoversWait:
@@ -242,7 +244,7 @@ func usageOrHelp(err error, fs *flag.FlagSet, usage string, stdout io.Writer) (b
 		fs.PrintDefaults()
 		return true, nil
 	}
-	return false, err
+	return false, flagError(err)
 }
 
 // checkName refuses lock names the library would refuse.
@@ -344,10 +346,17 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, rdb redis.Univers
 	if err == nil {
 		return lease, exitOK
 	}
+	// Not obtained: said on stderr unless asked to be silent (cron mails
+	// whatever a job writes there).
+	conflict := func(format string, args ...any) (*dlock.Lease, int) {
+		if !f.quiet && f.conflictCode != 0 {
+			fmt.Fprintf(stderr, format, args...)
+		}
+		return nil, f.conflictCode
+	}
 	switch {
 	case errors.Is(err, dlock.ErrNotObtained):
-		fmt.Fprintf(stderr, "dlock run: lock %q is held elsewhere; not obtained (see dlock status %s)\n", f.name, textSafe(f.name))
-		return nil, f.conflictCode
+		return conflict("dlock run: lock %q is held elsewhere; not obtained (see dlock status %s)\n", f.name, textSafe(f.name))
 	case errors.Is(err, context.DeadlineExceeded):
 		// The library waits through a Redis outage; it must not pass for a
 		// lock held elsewhere (which --conflict-exit-code 0 would hide).
@@ -355,16 +364,18 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, rdb redis.Univers
 			fmt.Fprintf(stderr, "dlock run: Redis at %s is unavailable; lock %q not obtained within %v: %v\n", f.target.display, f.name, f.wait, perr)
 			return nil, exitUnavailable
 		}
-		fmt.Fprintf(stderr, "dlock run: lock %q is held elsewhere; not obtained within %v (see dlock status %s)\n", f.name, f.wait, textSafe(f.name))
-		return nil, f.conflictCode
+		return conflict("dlock run: lock %q is held elsewhere; not obtained within %v (see dlock status %s)\n", f.name, f.wait, textSafe(f.name))
 	case errors.Is(err, dlock.ErrInvalidArgument):
-		fmt.Fprintf(stderr, "dlock run: %v (see dlock run -h)\n", err)
+		fmt.Fprintf(stderr, "dlock run: %s (see dlock run -h)\n", libText(err))
 		return nil, exitUsage
+	case errors.Is(err, dlock.ErrForeignKey):
+		fmt.Fprintf(stderr, "dlock run: lock %q: %s\n", f.name, whatKeyIs(ctx, rdb, f.prefix, f.name, aboutLock(err, f.name)))
+		return nil, exitFailed
 	case redisDown(err):
-		fmt.Fprintf(stderr, "dlock run: Redis at %s became unavailable: %v\n", f.target.display, err)
+		fmt.Fprintf(stderr, "dlock run: Redis at %s became unavailable while taking lock %q: %s\n", f.target.display, f.name, aboutLock(err, f.name))
 		return nil, exitUnavailable
 	default:
-		fmt.Fprintf(stderr, "dlock run: %v\n", err)
+		fmt.Fprintf(stderr, "dlock run: %s\n", libText(err))
 		return nil, exitFailed
 	}
 }
@@ -441,8 +452,8 @@ wait:
 			if f.killGrace == 0 {
 				how = "SIGKILL"
 			}
-			fmt.Fprintf(stderr, "dlock run: lost lock %q (fence %d): %v; stopping COMMAND and what it started (%s)\n",
-				f.name, lease.Fence(), context.Cause(lease.Context()), how)
+			fmt.Fprintf(stderr, "dlock run: lost lock %q (fence %d): %s; stopping COMMAND and what it started (%s)\n",
+				f.name, lease.Fence(), whyLost(context.Cause(lease.Context()), f.name), how)
 		}
 	}
 	res := j.wait()
@@ -467,10 +478,10 @@ wait:
 	case sig != nil:
 		return dieOf(sig, res.code)
 	case errors.Is(err, dlock.ErrLockLost):
-		fmt.Fprintf(stderr, "dlock run: lock %q (fence %d) was lost before COMMAND ended with status %d: %v\n", f.name, lease.Fence(), res.code, err)
+		fmt.Fprintf(stderr, "dlock run: lock %q (fence %d) was lost before COMMAND ended with status %d: %s\n", f.name, lease.Fence(), res.code, whyLost(err, f.name))
 		return exitLeaseLost
 	case err != nil:
-		fmt.Fprintf(stderr, "dlock run: releasing lock %q failed (it expires within %v): %v\n", f.name, f.ttl, err)
+		fmt.Fprintf(stderr, "dlock run: releasing lock %q failed (it expires within %v): %s\n", f.name, f.ttl, aboutLock(err, f.name))
 	}
 	if res.sig == syscall.SIGINT || res.sig == syscall.SIGTERM || res.sig == syscall.SIGHUP {
 		// COMMAND was interrupted: end the same way, so that a calling
@@ -523,6 +534,26 @@ func releaseForRun(ctx context.Context, sigs <-chan os.Signal, lease *dlock.Leas
 		fmt.Fprintf(stderr, "dlock run: received %s while releasing lock %q; not waiting (it expires within %v)\n", sigName(sig), f.name, f.ttl)
 		return nil, sig
 	}
+}
+
+// libText is the message of an error of the library, for a line that
+// begins with the command's own name: without the library's "dlock: ".
+func libText(err error) string { return strings.TrimPrefix(err.Error(), "dlock: ") }
+
+// aboutLock is libText for a line that already names the lock: without
+// the library's `lock "NAME": ` either.
+func aboutLock(err error, name string) string {
+	return strings.TrimPrefix(libText(err), "lock "+strconv.Quote(name)+": ")
+}
+
+// whyLost is what a lost lease's error or context cause says beyond "lock
+// lost", for a line that says so already.
+func whyLost(err error, name string) string {
+	why := aboutLock(err, name)
+	if s, ok := strings.CutPrefix(why, "lock lost: "); ok {
+		return s
+	}
+	return why
 }
 
 // closeWithin calls each of closers in turn, waiting for them at most d.

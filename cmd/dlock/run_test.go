@@ -166,6 +166,9 @@ func TestRunLeaseLost(t *testing.T) {
 			if !strings.Contains(errOut, "lost lock") {
 				t.Errorf("stderr does not say the lock was lost: %q", errOut)
 			}
+			if strings.Count(errOut, "dlock") != 1 || strings.Contains(errOut, "lock lost") {
+				t.Errorf("stderr repeats the prefix or the loss: %q", errOut)
+			}
 			if strings.Contains(p.stdout.String(), "survived") {
 				t.Errorf("COMMAND ran on after the lease was lost")
 			}
@@ -256,7 +259,7 @@ func TestRunFair(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil {
 		t.Fatalf("status: exit %d, %v; stderr %q", code, err, errOut)
 	}
-	if st.State != "held" || st.FairWaiters != 2 {
+	if st.State != "held" || st.InLine != 2 || st.WaitingClients != 2 {
 		t.Errorf("status with two in line: %+v", st)
 	}
 

@@ -44,16 +44,23 @@ was reclaimed after the idle period, or it was never taken).
 States: held; free (released: the key is kept for the idle period so that
 fences keep increasing); unknown (not a lock this version knows).
 
-A semaphore or rwmutex shows its holders (each holds its own lease; one whose
-lease ran out counts until a lock call needs its permits and prunes it), and the permits held
-out of the size (semaphore) or whether readers or a writer hold it (rwmutex).
+A semaphore or rwmutex is held while one of its holdings (each its own
+lease) is live; it shows those holdings: the permits they hold out of the
+size (semaphore), or its readers or writer (rwmutex). A holding whose lease
+ran out is not shown, even before a lock call gives its permits back.
 
-TTL is the key's PTTL: while held, the lease left; when free, the time until
-the key and its counter are reclaimed. In --json, ttl_ms is -1 for a key
-without expiry and -2 for no key. waiting_clients counts the dlock clients
-(processes, usually) subscribed to the lock's wake-up channel: each has one
-or more callers waiting. fair_waiters is the length of the line that
-waiters using Fair (dlock run --fair) keep at Redis.
+TTL: while held, the lease left (for a semaphore or rwmutex, that of the
+holding that ends last); while free, the time until the idle key and its
+fence counter are reclaimed. In --json, ttl_ms is -1 for a key without
+expiry and -2 for no key.
+
+Waiting: waiting_clients counts the dlock clients (processes, usually)
+with callers waiting for the lock, in any mode. in_line counts the places
+in the lock's line at Redis whose waiter still keeps them: one per Fair
+waiter (dlock run --fair), semaphore or rwmutex waiter, and one per client
+waiting in default mode (its first caller; the others wait behind it inside
+that client). An rwmutex's line is split into waiting_readers and
+waiting_writers.
 
 Examples:
 
@@ -76,20 +83,34 @@ type lockInfo struct {
 	Type string `json:"type"`
 	// RedisType is the key's Redis type when Type is "foreign".
 	RedisType string `json:"redis_type,omitempty"`
-	// State is "held", "free" or "unknown".
+	// State is "held", "free" or "unknown". A semaphore or rwmutex is held
+	// while one of its holdings' leases is live.
 	State string `json:"state"`
 	Token string `json:"token,omitempty"`
 	Fence uint64 `json:"fence,omitempty"`
-	// TTLMillis is the key's PTTL: -1 no expiry, -2 no key.
-	TTLMillis      int64 `json:"ttl_ms"`
+	// TTLMillis is, while held, the lease left (for a semaphore or
+	// rwmutex, that of the holding that ends last); while free, the key's
+	// PTTL: the idle time left until the key and its fence counter are
+	// reclaimed. -1: a key without expiry; -2: no key.
+	TTLMillis int64 `json:"ttl_ms"`
+	// WaitingClients counts the dlock clients (processes, usually) that
+	// have callers waiting for the lock: the subscribers of its wake-up
+	// channel.
 	WaitingClients int64 `json:"waiting_clients"`
-	// FairWaiters is the length of the Fair() line at Redis (key
-	// PREFIX{NAME}:q), which may still count a waiter that died until it is
-	// skipped.
-	FairWaiters int64 `json:"fair_waiters"`
-	// Holders counts the holdings of a semaphore or rwmutex.
+	// InLine counts the live places in the lock's line at Redis (key
+	// PREFIX{NAME}:q): one per Fair, semaphore and rwmutex waiter, and one
+	// per client waiting in default mode (its first waiter; the others wait
+	// behind it inside that client). A place whose waiter stopped keeping
+	// it is not counted.
+	InLine int64 `json:"in_line"`
+	// WaitingReaders and WaitingWriters split an rwmutex's line.
+	WaitingReaders int64 `json:"waiting_readers,omitempty"`
+	WaitingWriters int64 `json:"waiting_writers,omitempty"`
+	// Holders counts the live holdings of a semaphore or rwmutex (each its
+	// own lease); one whose lease ran out is not counted.
 	Holders int64 `json:"holders,omitempty"`
-	// PermitsHeld and Size: a semaphore's permits in use and its size.
+	// PermitsHeld and Size: the permits a semaphore's live holdings hold,
+	// and its size.
 	PermitsHeld int64 `json:"permits_held,omitempty"`
 	Size        int64 `json:"size,omitempty"`
 	// Mode of a held rwmutex: "read" or "write".
@@ -195,8 +216,11 @@ func nodeFor(ctx context.Context, rdb redis.UniversalClient, key string) (redis.
 	return rdb, nil
 }
 
-// inspect reads keys (all served by node) in one pipelined round trip: TYPE,
-// HMGET o f k, PTTL and the wake-up channel's subscriber count of each.
+// inspect reads keys (all served by node) in two pipelined round trips:
+// TYPE, HMGET, PTTL, the wake-up channel's subscribers and the line's
+// length of each key, with the server's clock; then, for the semaphores and
+// rwmutexes and the locks with someone in line, their holdings and
+// waiters, so that leases and places that ran out are told from live ones.
 func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []string) ([]lockInfo, error) {
 	type cmds struct {
 		typ  *redis.StatusCmd
@@ -204,18 +228,18 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 		pttl *redis.IntCmd
 		subs *redis.MapStringIntCmd
 		line *redis.IntCmd
-		hold *redis.IntCmd
 	}
 	cs := make([]cmds, len(keys))
+	var clock *redis.TimeCmd
 	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		clock = p.Time(ctx)
 		for i, k := range keys {
 			cs[i] = cmds{
 				typ:  p.Type(ctx, k),
-				hash: p.HMGet(ctx, k, wire.FieldOwner, wire.FieldFence, wire.FieldKind, wire.FieldUsed, wire.FieldSize),
+				hash: p.HMGet(ctx, k, wire.FieldOwner, wire.FieldFence, wire.FieldKind, wire.FieldSize),
 				pttl: redis.NewIntCmd(ctx, "pttl", k),
 				subs: p.PubSubShardNumSub(ctx, k),
 				line: p.LLen(ctx, k+wire.SuffixLine),
-				hold: p.ZCard(ctx, k+wire.SuffixHolders),
 			}
 			_ = p.Process(ctx, cs[i].pttl)
 		}
@@ -226,6 +250,10 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 	if err != nil && !strings.HasPrefix(err.Error(), "WRONGTYPE") {
 		return nil, err
 	}
+	if err := clock.Err(); err != nil {
+		return nil, err
+	}
+	now := clock.Val().UnixMilli()
 	infos := make([]lockInfo, len(keys))
 	for i, k := range keys {
 		c := cs[i]
@@ -234,17 +262,16 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 				return nil, err
 			}
 		}
-		info := lockInfo{Name: nameOfKey(prefix, k), Key: k, TTLMillis: c.pttl.Val(), WaitingClients: c.subs.Val()[k], FairWaiters: c.line.Val()}
+		info := lockInfo{Name: nameOfKey(prefix, k), Key: k, TTLMillis: c.pttl.Val(), WaitingClients: c.subs.Val()[k]}
 		typ := c.typ.Val()
-		var o, f, kind, used, size string
+		var o, f, kind, size string
 		var hasO, hasF, hasK bool
 		if typ == "hash" && c.hash.Err() == nil {
 			v := c.hash.Val()
 			o, hasO = v[0].(string)
 			f, hasF = v[1].(string)
 			kind, hasK = v[2].(string)
-			used, _ = v[3].(string)
-			size, _ = v[4].(string)
+			size, _ = v[3].(string)
 		}
 		switch {
 		case typ == "none" || (typ == "hash" && !hasO && !hasF && !hasK && info.TTLMillis == -2):
@@ -255,18 +282,8 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 		case hasK && (kind == wire.KindSemaphore || kind == wire.KindRWMutex):
 			info.Type, info.State = kind, "free"
 			info.Fence, _ = strconv.ParseUint(f, 10, 64)
-			info.Holders = c.hold.Val()
-			u, _ := strconv.ParseInt(used, 10, 64)
-			if u > 0 {
-				info.State = "held"
-			}
 			if kind == wire.KindSemaphore {
-				info.PermitsHeld = u
 				info.Size, _ = strconv.ParseInt(size, 10, 64)
-			} else if u >= wire.RWWriter {
-				info.Mode = "write"
-			} else if u > 0 {
-				info.Mode = "read"
 			}
 		case hasK:
 			info.Type, info.State = kind, "unknown"
@@ -282,7 +299,123 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 		}
 		infos[i] = info
 	}
+
+	// The second round trip, for the keys whose holdings or line need it.
+	type details struct {
+		hash    *redis.MapStringStringCmd // a semaphore's or rwmutex's hash
+		holders *redis.ZSliceCmd          // token -> lease deadline (ms)
+		waiters *redis.MapStringStringCmd // token -> "deadline_ms,..."
+	}
+	ds := make([]details, len(keys))
+	need := false
+	_, err = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			info := &infos[i]
+			if info.Type == wire.KindSemaphore || info.Type == wire.KindRWMutex {
+				ds[i].hash = p.HGetAll(ctx, k)
+				ds[i].holders = p.ZRangeWithScores(ctx, k+wire.SuffixHolders, 0, -1)
+				need = true
+			}
+			if cs[i].line.Err() == nil && cs[i].line.Val() > 0 && info.State != "unknown" {
+				ds[i].waiters = p.HGetAll(ctx, k+wire.SuffixWaiters)
+				need = true
+			}
+		}
+		return nil
+	})
+	if !need {
+		return infos, nil
+	}
+	if err != nil && !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		return nil, err
+	}
+	for i := range infos {
+		if d := ds[i]; d.holders != nil && d.holders.Err() == nil && d.hash.Err() == nil {
+			liveHoldings(&infos[i], now, d.hash.Val(), d.holders.Val())
+		}
+		if d := ds[i]; d.waiters != nil && d.waiters.Err() == nil {
+			liveWaiters(&infos[i], now, d.waiters.Val())
+		}
+	}
 	return infos, nil
+}
+
+// liveHoldings fills in a semaphore's or rwmutex's state from its hash and
+// its holders (token -> lease deadline, server ms): only holdings whose
+// lease has not run out at now count. The scripts give back the permits of
+// a holding that ran out only when a lock call needs them, so Redis's own
+// count of permits held may still include them.
+func liveHoldings(info *lockInfo, now int64, hash map[string]string, holders []redis.Z) {
+	var last int64
+	for _, z := range holders {
+		deadline := int64(z.Score)
+		token, _ := z.Member.(string)
+		v, ok := hash[wire.FieldHolding+token]
+		if deadline <= now || !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.SplitN(v, ",", 2)[0], 10, 64)
+		info.Holders++
+		info.PermitsHeld += n
+		last = max(last, deadline)
+	}
+	if info.Holders == 0 {
+		info.PermitsHeld = 0
+		return
+	}
+	info.State = "held"
+	info.TTLMillis = last - now
+	if info.Type == wire.KindRWMutex {
+		if info.PermitsHeld >= wire.RWWriter {
+			info.Mode = "write"
+		} else {
+			info.Mode = "read"
+		}
+		info.PermitsHeld = 0 // an rwmutex has readers or a writer, not permits
+	}
+}
+
+// liveWaiters counts the places in line whose waiter keeps them (the
+// entry's deadline, server ms, is after now); an rwmutex's by kind: a
+// waiter wanting every permit is a writer.
+func liveWaiters(info *lockInfo, now int64, waiters map[string]string) {
+	for _, v := range waiters {
+		fields := strings.SplitN(v, ",", 4)
+		deadline, err := strconv.ParseInt(fields[0], 10, 64)
+		if err != nil || deadline <= now {
+			continue
+		}
+		info.InLine++
+		if info.Type == wire.KindRWMutex && len(fields) == 4 {
+			if n, _ := strconv.ParseInt(fields[2], 10, 64); n >= wire.RWWriter {
+				info.WaitingWriters++
+			} else {
+				info.WaitingReaders++
+			}
+		}
+	}
+}
+
+// whatKeyIs says what the key of lock name holds instead of a dlock mutex,
+// as status reads it ("Redis key "dlock:{x}" is a list, not a dlock
+// mutex"), or, if it cannot be read, fallback.
+func whatKeyIs(ctx context.Context, rdb redis.UniversalClient, prefix, name, fallback string) string {
+	key := wire.HashKey(prefix, name)
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), inspectTimeout)
+	defer cancel()
+	if node, nerr := nodeFor(ictx, rdb, key); nerr == nil {
+		if infos, ierr := inspect(ictx, node, prefix, []string{key}); ierr == nil {
+			switch i := infos[0]; {
+			case i.Type == "foreign" && i.RedisType == "hash":
+				return fmt.Sprintf("Redis key %q is a hash that dlock did not write, not a dlock mutex", key)
+			case i.Type == "foreign":
+				return fmt.Sprintf("Redis key %q is a %s, not a dlock mutex", key, i.RedisType)
+			case i.Type != wire.KindMutex && i.Type != "none":
+				return fmt.Sprintf("Redis key %q is a dlock %s, not a mutex", key, i.Type)
+			}
+		}
+	}
+	return fallback
 }
 
 // nameOfKey is the lock name of a lock key, or the key itself if it is
@@ -316,18 +449,20 @@ func writeStatus(w io.Writer, i lockInfo) {
 	}
 	switch {
 	case i.Type == "semaphore":
-		fmt.Fprintf(tw, "permits\t%d of %d held by %d holder(s)\n", i.PermitsHeld, i.Size, i.Holders)
+		fmt.Fprintf(tw, "permits\t%d of %d held by %s\n", i.PermitsHeld, i.Size, plural(i.Holders, "holder"))
 	case i.Type == "rwmutex" && i.Mode == "write":
 		fmt.Fprintf(tw, "holders\ta writer\n")
 	case i.Type == "rwmutex":
-		fmt.Fprintf(tw, "holders\t%d reader(s)\n", i.Holders)
+		fmt.Fprintf(tw, "holders\t%s\n", plural(i.Holders, "reader"))
 	}
 	if i.Type != "none" {
 		ttl := formatTTL(i.TTLMillis)
-		switch i.State {
-		case "held":
+		switch {
+		case i.State == "held" && i.Holders > 1:
+			ttl += " (lease left of the holding that ends last)"
+		case i.State == "held":
 			ttl += " (lease left)"
-		case "free":
+		case i.State == "free":
 			ttl += " (until the idle key and its fence counter are reclaimed)"
 		}
 		fmt.Fprintf(tw, "ttl\t%s\n", ttl)
@@ -350,13 +485,28 @@ func textSafe(s string) string {
 	return s
 }
 
-// waitingText says who waits: clients subscribed, and the Fair line.
+// waitingText says who waits: the clients with callers waiting, and the
+// live places in line at Redis (an rwmutex's by kind).
 func waitingText(i lockInfo) string {
-	s := fmt.Sprintf("%d client(s)", i.WaitingClients)
-	if i.FairWaiters > 0 {
-		s += fmt.Sprintf(", %d in the fair line", i.FairWaiters)
+	if i.WaitingClients == 0 && i.InLine == 0 {
+		return "nobody"
+	}
+	s := plural(i.WaitingClients, "client") + " with callers waiting"
+	if i.InLine > 0 {
+		s += fmt.Sprintf("; %d in line at Redis", i.InLine)
+		if i.WaitingReaders+i.WaitingWriters > 0 {
+			s += fmt.Sprintf(" (%s, %s)", plural(i.WaitingReaders, "reader"), plural(i.WaitingWriters, "writer"))
+		}
 	}
 	return s
+}
+
+// plural is "1 holder", "2 holders", "0 holders".
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // formatTTL renders a PTTL reply.

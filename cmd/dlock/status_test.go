@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
@@ -120,7 +122,7 @@ func TestStatusSemaphoreAndRWMutex(t *testing.T) {
 		t.Errorf("write-held rwmutex: %+v", cfg)
 	}
 	code, out, errOut := runDlock(t, s.Addr(), "status", "pool")
-	if code != 0 || !strings.Contains(out, "3 of 5 held by 2 holder(s)") {
+	if code != 0 || !strings.Contains(out, "3 of 5 held by 2 holders") {
 		t.Fatalf("status pool: exit %d\n%s%s", code, out, errOut)
 	}
 	if err := w.Unlock(ctx); err != nil {
@@ -194,5 +196,133 @@ func TestTextOutputEscapesControlCharacters(t *testing.T) {
 	}
 	if !got[evil] || !got[red] {
 		t.Errorf("list --json does not keep names exact: %q", names(infos))
+	}
+}
+
+// statusJSON runs dlock status --json NAME and parses the result.
+func statusJSON(t *testing.T, addr, name string) lockInfo {
+	t.Helper()
+	code, out, errOut := runDlock(t, addr, "status", "--json", name)
+	var st lockInfo
+	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil {
+		t.Fatalf("status %s: exit %d, %v; stderr %q", name, code, err, errOut)
+	}
+	return st
+}
+
+// A holding whose lease ran out (its holder died, or stopped renewing) is
+// never shown as holding, although Redis keeps it until a lock call needs
+// its permits; ttl_ms is then the lease left of the live holdings, or the
+// idle time left when none is live.
+func TestStatusShowsOnlyLiveHolders(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	ctx := t.Context()
+	c := dlock.New(s.Client(t))
+	defer c.Close()
+	dying := []dlock.LockOption{dlock.TTL(200 * time.Millisecond), dlock.NoRenew()}
+	if _, err := c.Semaphore("pool", 4, dying...).Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	live, err := c.Semaphore("pool", 4).Acquire(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RWMutex("doc", dying...).Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RWMutex("cfg", dying...).RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RWMutex("cfg").RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // the short leases run out
+
+	pool := statusJSON(t, s.Addr(), "pool")
+	if pool.State != "held" || pool.Holders != 1 || pool.PermitsHeld != 2 || pool.TTLMillis <= 0 || pool.TTLMillis > dlock.DefaultTTL.Milliseconds() {
+		t.Errorf("semaphore with one live holding of 2 permits and one run out: %+v", pool)
+	}
+	doc := statusJSON(t, s.Addr(), "doc")
+	if doc.State != "free" || doc.Holders != 0 || doc.Mode != "" || doc.TTLMillis <= dlock.DefaultTTL.Milliseconds() {
+		t.Errorf("rwmutex whose writer's lease ran out: %+v (want free, ttl the idle time left)", doc)
+	}
+	cfg := statusJSON(t, s.Addr(), "cfg")
+	if cfg.State != "held" || cfg.Mode != "read" || cfg.Holders != 1 {
+		t.Errorf("rwmutex with one live reader and one run out: %+v", cfg)
+	}
+	code, out, _ := runDlock(t, s.Addr(), "status", "pool")
+	if code != 0 || !strings.Contains(out, "2 of 4 held by 1 holder\n") || !strings.Contains(out, "(lease left)") {
+		t.Errorf("status pool:\n%s", out)
+	}
+	code, out, _ = runDlock(t, s.Addr(), "status", "doc")
+	if code != 0 || !strings.Contains(out, "state    free") || strings.Contains(out, "writer") || strings.Contains(out, "lease left") {
+		t.Errorf("status doc:\n%s", out)
+	}
+	if err := live.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Waiters are counted for what they are: clients with callers waiting,
+// live places in line (one per Fair waiter, one per client waiting in
+// default mode), and an rwmutex's line by readers and writers; a place
+// whose waiter stopped keeping it is not counted.
+func TestStatusCountsWaiters(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	rdb := s.Client(t)
+
+	holder := startDlock(t, s.Addr(), "run", "busy", "--", "sh", "-c", `echo ready; exec sleep 30`)
+	holder.line()
+	for _, args := range [][]string{{"--fair"}, {"--fair"}, {}} {
+		startDlock(t, s.Addr(), append(append([]string{"run", "--wait", "forever"}, args...), "busy", "--", "true")...)
+	}
+	waitSubscribed(t, rdb, "dlock:{busy}", 3)
+	waitFor(t, func() bool { return rdb.LLen(t.Context(), "dlock:{busy}:q").Val() == 3 })
+	// A place whose waiter died long ago, not yet skipped.
+	rdb.RPush(t.Context(), "dlock:{busy}:q", "dead")
+	rdb.HSet(t.Context(), "dlock:{busy}:w", "dead", "1000,10000,dlock:{busy}:c:gone")
+	st := statusJSON(t, s.Addr(), "busy")
+	if st.WaitingClients != 3 || st.InLine != 3 {
+		t.Errorf("two --fair waiters and one default: %+v; want 3 clients, 3 in line", st)
+	}
+	code, out, _ := runDlock(t, s.Addr(), "status", "busy")
+	if code != 0 || !strings.Contains(out, "waiting  3 clients with callers waiting; 3 in line at Redis\n") {
+		t.Errorf("status busy:\n%s", out)
+	}
+
+	ctx := t.Context()
+	c := dlock.New(s.Client(t))
+	defer c.Close()
+	if _, err := c.RWMutex("doc").RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	for _, lock := range []func(context.Context) (*dlock.Lease, error){c.RWMutex("doc").Lock, c.RWMutex("doc").RLock} {
+		n := rdb.LLen(ctx, "dlock:{doc}:q").Val()
+		go func() { _, _ = lock(wctx) }()
+		waitFor(t, func() bool { return rdb.LLen(ctx, "dlock:{doc}:q").Val() == n+1 })
+	}
+	doc := statusJSON(t, s.Addr(), "doc")
+	if doc.InLine != 2 || doc.WaitingWriters != 1 || doc.WaitingReaders != 1 || doc.Holders != 1 || doc.Mode != "read" {
+		t.Errorf("rwmutex with a reader holding, a writer and a reader waiting: %+v", doc)
+	}
+	code, out, _ = runDlock(t, s.Addr(), "status", "doc")
+	if code != 0 || !strings.Contains(out, "2 in line at Redis (1 reader, 1 writer)") {
+		t.Errorf("status doc:\n%s", out)
+	}
+}
+
+// waitFor polls cond until it holds, for at most procTimeout.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(procTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not reached within %v", procTimeout)
+		}
+		time.Sleep(pollEvery)
 	}
 }

@@ -81,7 +81,8 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fl := addInspectFlags(fs)
 	force := fs.Bool("force", false, "required: remove the holder even though it may still be running")
 	token := fs.String("token", "", "remove the holder only if it is this `TOKEN` (from dlock status)")
-	idle := fs.Duration("idle", defaultIdle, "how long the released key keeps the fence counter (the holders' WithIdleExpiry)")
+	var idle time.Duration
+	durationVar(fs, &idle, "idle", defaultIdle, time.Second, 0, "10m", "how long (a `duration`, at least 1s) the released key keeps the fence counter: the holders' WithIdleExpiry")
 	pos, err := parseInterleaved(fs, args)
 	if help, err := usageOrHelp(err, fs, unlockUsage, stdout); help {
 		return exitOK
@@ -94,8 +95,6 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return usageErr(err)
 	case !*force:
 		return usageErr(errors.New("refusing without --force: the holder may still be running, and removing it lets another take the lock at once"))
-	case *idle < time.Second:
-		return usageErr(fmt.Errorf("--idle %v is below 1s", *idle))
 	}
 	rdb, code := fl.connect(ctx, stderr, "dlock unlock")
 	if rdb == nil {
@@ -110,7 +109,7 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		strconv.FormatInt(idle.Milliseconds(), 10), key, *token).Slice()
 	if err != nil {
 		if msg := err.Error(); strings.HasPrefix(msg, "DLOCK_FOREIGN") || strings.HasPrefix(msg, "WRONGTYPE") {
-			fmt.Fprintf(stderr, "dlock unlock: Redis key %q is not a dlock mutex; nothing removed (see dlock status %s)\n", key, textSafe(name))
+			fmt.Fprintf(stderr, "dlock unlock: lock %q: %s; nothing removed (see dlock status %s)\n", name, whatKeyIs(ctx, rdb, *fl.prefix, name, fmt.Sprintf("Redis key %q is not a dlock mutex", key)), textSafe(name))
 			return exitFailed
 		}
 		return reportRedisErr(ctx, stderr, "dlock unlock", err)
