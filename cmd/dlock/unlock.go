@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/hub"
 	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
@@ -105,8 +106,18 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	key := wire.HashKey(*fl.prefix, name)
 	uctx, cancel := context.WithTimeout(ctx, inspectTimeout)
 	defer cancel()
-	reply, err := unlockScript.Run(uctx, rdb, []string{key},
-		strconv.FormatInt(idle.Milliseconds(), 10), key, *token).Slice()
+	// Waiters hear the release on the pub/sub the server has: the same
+	// question a library Client asks once (sharded unless SPUBLISH is unknown).
+	pub := wire.PublishSharded
+	kind, err := hub.Detect(uctx, rdb, wire.ProbeChannel(*fl.prefix))
+	if err == nil && kind == hub.Plain {
+		pub = wire.PublishPlain
+	}
+	var reply []any
+	if err == nil {
+		reply, err = unlockScript.Run(uctx, rdb, []string{key},
+			strconv.FormatInt(idle.Milliseconds(), 10), key, *token, pub).Slice()
+	}
 	if err != nil {
 		if msg := err.Error(); strings.HasPrefix(msg, "DLOCK_FOREIGN") || strings.HasPrefix(msg, "WRONGTYPE") {
 			fmt.Fprintf(stderr, "dlock unlock: lock %q: %s; nothing removed (see dlock status %s)\n", name, whatKeyIs(ctx, rdb, *fl.prefix, name, fmt.Sprintf("Redis key %q is not a dlock mutex", key)), textSafe(name))

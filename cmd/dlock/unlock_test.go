@@ -128,3 +128,27 @@ func TestUnlockForceLeavesForeignHashAlone(t *testing.T) {
 		}
 	}
 }
+
+// unlock --force on a server without sharded pub/sub (Redis before 7.0,
+// miniredis) publishes the release with PUBLISH, as a Client there does: it
+// removes the holder and reports it, and the waiter takes the lock.
+func TestUnlockForceWithoutShardedPubSub(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t, redistest.Options{NoShardedPubSub: true})
+	holder := startDlock(t, s.Addr(), "run", "--ttl", "30s", "plain", "--", "sh", "-c", `echo "$DLOCK_FENCE"; exec sleep 30`)
+	fence := fenceOf(t, holder.line())
+	waiter := startDlock(t, s.Addr(), "run", "--wait", "20s", "plain", "--", "sh", "-c", `echo "$DLOCK_FENCE"`)
+	code, out, errOut := runDlock(t, s.Addr(), "unlock", "--force", "plain")
+	if code != 0 || !strings.Contains(out, "removed the holder") {
+		t.Fatalf("unlock --force: exit %d, stdout %q, stderr %q; want the holder removed", code, out, errOut)
+	}
+	if f2 := fenceOf(t, waiter.line()); f2 <= fence {
+		t.Errorf("waiter's fence %d is not above the removed holder's %d", f2, fence)
+	}
+	if code := waiter.exit(); code != 0 {
+		t.Errorf("waiter: exit %d; stderr %q", code, waiter.stderr)
+	}
+	if code := holder.exit(); code != exitLeaseLost {
+		t.Errorf("removed holder: exit %d, want %d", code, exitLeaseLost)
+	}
+}
