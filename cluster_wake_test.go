@@ -222,9 +222,10 @@ func TestClusterWaitersWokenAfterFaults(t *testing.T) {
 		}
 		held, res := w.contend(t, ctx, name)
 		redistest.MigrateSlot(t, w.nodes, redistest.KeySlot(t, from, "dlock:{"+name+"}"), from, to)
-		if w.owner(t, name) != to {
-			t.Fatalf("%s did not move", name)
-		}
+		waitFor(t, ctx, "the client to place "+name+" on "+to.Addr(), func() bool {
+			w.rdb.ReloadState(ctx)
+			return w.owner(t, name) == to
+		})
 		w.resumed(t, ctx, name, held, res)
 	}) {
 		return
@@ -244,9 +245,12 @@ func TestClusterWaitersWokenAfterFaults(t *testing.T) {
 		}
 		held, res := w.contend(t, ctx, name)
 		redistest.ClusterFailover(t, w.nodes, promoted)
-		if w.owner(t, name) != promoted {
-			t.Fatalf("%s is not on the promoted replica", name)
-		}
+		// Every node sees the failover; the client's slot map follows at
+		// its next reload.
+		waitFor(t, ctx, "the client to place "+name+" on the promoted replica", func() bool {
+			w.rdb.ReloadState(ctx)
+			return w.owner(t, name) == promoted
+		})
 		w.resumed(t, ctx, name, held, res)
 		for _, n := range w.names {
 			if n != name && w.owner(t, n) == promoted {
