@@ -134,8 +134,14 @@ func TestSuspectRepairsOnlyThatChannel(t *testing.T) {
 	}
 	before, gaps := calls(), rec.gapsOf(wanted)
 	suspect := wanted[17]
+	// The node that serves it is paused, so that the second Suspect comes
+	// while the first is surely still being verified: nothing more is sent.
+	node := nodeFor(t, rdb, nodes, suspect)
+	node.Pause()
 	h.Suspect(suspect)
-	h.Suspect(suspect) // while the first is being verified: nothing more
+	time.Sleep(50 * time.Millisecond) // not an order: the manager may send its SSUBSCRIBE meanwhile, or not
+	h.Suspect(suspect)
+	node.Resume()
 	gapsAtLeast(t, rec, []string{suspect}, gaps[17:18])
 	if n := calls() - before; n != 1 {
 		t.Errorf("Suspect sent %d SSUBSCRIBEs, want 1", n)
@@ -200,4 +206,20 @@ func hubGoroutines() string {
 		}
 	}
 	return strings.Join(out, "\n\n")
+}
+
+// nodeFor returns the node of nodes that serves channel now.
+func nodeFor(t *testing.T, rdb *redis.ClusterClient, nodes []*redistest.Server, channel string) *redistest.Server {
+	t.Helper()
+	m, err := rdb.MasterForKey(t.Context(), channel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range nodes {
+		if s.Addr() == m.Options().Addr {
+			return s
+		}
+	}
+	t.Fatalf("no node at %s", m.Options().Addr)
+	return nil
 }
