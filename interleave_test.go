@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -296,96 +294,12 @@ func (w *interleaving) count(op string) {
 	w.mu.Unlock()
 }
 
-// failf records a violation (under w.mu).
-func (w *interleaving) failf(format string, args ...any) {
-	if len(w.fails) < 20 {
-		w.fails = append(w.fails, fmt.Sprintf("%8.3fs ", w.now().Seconds())+fmt.Sprintf(format, args...))
-	}
-}
-
-// valid reports whether o is believed valid now. Called under w.mu.
-func (o *ilLease) valid() bool { return !o.gaveUp && o.l.Context().Err() == nil }
-
 func (o *ilLease) String() string {
 	role := ""
 	if o.writer {
 		role = " writer"
 	}
 	return fmt.Sprintf("{client %d%s fence %d permits %d via %s at %.3fs token %s}", o.client, role, o.fence, o.permits, o.via, o.at.Seconds(), o.l.Token())
-}
-
-// granted records a new grant and checks it against everything held.
-func (w *interleaving) granted(me *ilLease) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.grants++
-	me.at = w.now()
-	if me.valid() {
-		switch w.kind {
-		case "mutex", "fair":
-			if me.fence <= w.maxFence {
-				w.failf("fence %d granted %v after a lease with fence %d was seen valid", me.fence, me, w.maxFence)
-			}
-			w.maxFence = max(w.maxFence, me.fence)
-		case "rw":
-			if me.writer && me.fence <= w.maxAll || !me.writer && me.fence <= w.maxFence {
-				w.failf("fence %d granted %v after fences %d (writers) / %d (all) were seen valid", me.fence, me, w.maxFence, w.maxAll)
-			}
-			if me.writer {
-				w.maxFence = max(w.maxFence, me.fence)
-			}
-			w.maxAll = max(w.maxAll, me.fence)
-		}
-	}
-	if w.kind == "sem" {
-		if w.fences[me.fence] {
-			w.failf("fence %d granted twice (%v)", me.fence, me)
-		}
-		w.fences[me.fence] = true
-	}
-	w.held[me] = struct{}{}
-	w.checkLocked("grant of " + me.String())
-}
-
-// check checks that the leases believed valid now may all be.
-func (w *interleaving) check(why string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.checkLocked(why)
-}
-
-func (w *interleaving) checkLocked(why string) {
-	w.checks++
-	var valid []*ilLease
-	var permits int64
-	writer := false
-	for o := range w.held {
-		if o.valid() {
-			valid = append(valid, o)
-			permits += o.permits
-			writer = writer || o.writer
-		}
-	}
-	bad := false
-	switch w.kind {
-	case "mutex", "fair":
-		bad = len(valid) > 1
-	case "rw":
-		bad = writer && len(valid) > 1
-	case "sem":
-		bad = permits > w.size
-	}
-	if bad {
-		w.failf("at %s: %d leases believed valid at once (%d permits): %v", why, len(valid), permits, valid)
-	}
-}
-
-// giveUp marks me given up by its holder: from now on it is not believed valid.
-func (w *interleaving) giveUp(me *ilLease) {
-	w.mu.Lock()
-	me.gaveUp = true
-	delete(w.held, me)
-	w.mu.Unlock()
 }
 
 // run runs the workers and the chaos for w.dur, then checks what is left.
@@ -509,74 +423,6 @@ func (w *interleaving) chaos(r *rand.Rand, stop <-chan struct{}) {
 	}
 }
 
-// checkFree checks that, one TTL after every caller returned, nothing holds
-// the lock at Redis any more.
-func (w *interleaving) checkFree(returned time.Time) {
-	t := w.t
-	keys := wire.KeysOf(wire.DefaultPrefix, w.name)
-	deadline := returned.Add(w.maxTTL + 500*time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for {
-		held, what := w.heldAtRedis(ctx, keys)
-		if !held {
-			return
-		}
-		if time.Now().After(deadline) {
-			w.mu.Lock()
-			w.failf("%v after every caller returned, the lock is still held at Redis: %s", time.Since(returned).Round(time.Millisecond), what)
-			w.mu.Unlock()
-			return
-		}
-		if ctx.Err() != nil {
-			t.Fatal(ctx.Err())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// heldAtRedis reports whether the lock is held at Redis, and by what: a
-// mutex by its owner; a semaphore or RWMutex by a holding whose lease has
-// not run out (one that ran out may still be counted until the next call
-// that needs permits prunes it, but it holds nothing). A semaphore's count
-// of permits used must always be the sum of its holdings'.
-func (w *interleaving) heldAtRedis(ctx context.Context, keys wire.Keys) (bool, string) {
-	t := w.t
-	h, err := w.plain.HGetAll(ctx, keys.Hash).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if o := h[wire.FieldOwner]; o != "" {
-		return true, fmt.Sprintf("owner %q, hash %q", o, h)
-	}
-	var sum int64
-	for f, v := range h {
-		if strings.HasPrefix(f, wire.FieldHolding) {
-			n, _, _ := strings.Cut(v, ",")
-			p, _ := strconv.ParseInt(n, 10, 64)
-			sum += p
-		}
-	}
-	if u, _ := strconv.ParseInt(h[wire.FieldUsed], 10, 64); u != sum {
-		w.mu.Lock()
-		w.failf("%d permits counted used, %d held by holdings: hash %q", u, sum, h)
-		w.mu.Unlock()
-	}
-	now, err := w.plain.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	live, err := w.plain.ZRangeByScoreWithScores(ctx, keys.Holders, &redis.ZRangeBy{
-		Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(live) > 0 {
-		return true, fmt.Sprintf("holders with time left %v, hash %q", live, h)
-	}
-	return false, ""
-}
-
 // round is one worker's turn: obtain the lock, hold it for a while doing
 // what a holder may, give it up.
 func (w *interleaving) round(r *rand.Rand, slot int) {
@@ -670,16 +516,6 @@ func (w *interleaving) obtain(r *rand.Rand, ic *ilClient) (*ilLease, error) {
 	return me, nil
 }
 
-// returnedBy fails the run if a call whose ctx ended at end returned more
-// than 3s after that: no call may hang past its ctx.
-func (w *interleaving) returnedBy(op string, end time.Time) {
-	if late := time.Since(end); late > 3*time.Second {
-		w.mu.Lock()
-		w.failf("%s returned %v after its ctx ended", op, late.Round(time.Millisecond))
-		w.mu.Unlock()
-	}
-}
-
 // do runs Mutex.Do, its function doing what a holder does. The function
 // finds its lease by re-entering the lock under Do's ctx: the reentrant
 // lease shares the holding (its fence, its context), and Do unlocks the
@@ -745,60 +581,6 @@ func (w *interleaving) watch(r *rand.Rand, d time.Duration) {
 	for end := time.Now().Add(d); time.Now().Before(end); {
 		time.Sleep(min(time.Until(end), time.Duration(10+r.IntN(30))*time.Millisecond))
 		w.checkRedis()
-	}
-}
-
-// checkRedis checks that every lease believed valid is held at Redis: its
-// token owns the mutex (or, passed to it and not yet recorded, the passer's
-// may), or holds permits whose lease has time left. A lease that is not
-// pending stays so; Redis is read after that is known and before the
-// leases' validity is asked, and validity only ever ends, so a lease
-// granted before the read and valid after it was valid at the read.
-func (w *interleaving) checkRedis() {
-	w.mu.Lock()
-	var settled []*ilLease
-	for o := range w.held {
-		if !dlock.Pending(o.l) {
-			settled = append(settled, o)
-		}
-	}
-	w.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	keys := wire.KeysOf(wire.DefaultPrefix, w.name)
-	read := w.now()
-	var owner string
-	var holders map[string]float64
-	if w.kind == "mutex" || w.kind == "fair" {
-		owner, _ = w.plain.HGet(ctx, keys.Hash, wire.FieldOwner).Result()
-	} else {
-		now, err := w.plain.Time(ctx).Result()
-		if err != nil {
-			w.t.Error(err)
-			return
-		}
-		zs, err := w.plain.ZRangeByScoreWithScores(ctx, keys.Holders, &redis.ZRangeBy{
-			Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
-		if err != nil {
-			w.t.Error(err)
-			return
-		}
-		holders = map[string]float64{}
-		for _, z := range zs {
-			holders[z.Member.(string)] = z.Score
-		}
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, o := range settled {
-		if o.at >= read || !o.valid() {
-			continue
-		}
-		tok := o.l.Token()
-		if holders == nil && owner != tok || holders != nil && holders[tok] == 0 {
-			w.failf("%v is believed valid, but Redis (read at %.3fs) names owner %q, live holders %v; the lease: %s; its Client's last faults: %v",
-				o, read.Seconds(), owner, holders, dlock.Describe(o.l), o.ic.in.Events(func(e faults.Event) bool { return e.At > read-2*time.Second }))
-		}
 	}
 }
 
@@ -928,26 +710,3 @@ func (w *interleaving) release(r *rand.Rand, me *ilLease) {
 
 // r2 is a source of its own for a goroutine, drawn from r.
 func r2(r *rand.Rand) *rand.Rand { return rand.New(rand.NewPCG(r.Uint64(), r.Uint64())) }
-
-// expected fails the run for an error no fault explains.
-func (w *interleaving) expected(err error, op string) {
-	var rerr redis.Error
-	switch {
-	case err == nil,
-		errors.Is(err, dlock.ErrNotObtained),
-		errors.Is(err, dlock.ErrLockLost),
-		errors.Is(err, dlock.ErrClosed),
-		errors.Is(err, context.Canceled),
-		errors.Is(err, context.DeadlineExceeded):
-		return
-	case errors.As(err, &rerr) && !errors.Is(err, dlock.ErrInvalidArgument):
-		return // a refusal the faults or a pause explain (LOADING, BUSY...)
-	}
-	var nerr net.Error
-	if errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, redis.ErrClosed) {
-		return // a lost or cut connection
-	}
-	w.mu.Lock()
-	w.failf("%s: unexpected error %v", op, err)
-	w.mu.Unlock()
-}
