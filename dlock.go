@@ -185,9 +185,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if cfg.autoPipeline {
 		// Lock and unlock scripts go through the client's shared deferred
 		// autopipeliner when many are in flight: concurrent calls share
-		// round trips and system calls. Every script is idempotent for its
-		// token, so the pipeliner's whole-batch retry after a network error
-		// is safe.
+		// round trips and system calls. The pipeliner never resends them
+		// (see Client.submit): the engine retries what it must itself.
 		if ap, err := rdb.AsyncAutoPipeline(); err == nil {
 			c.ap = ap
 		}
