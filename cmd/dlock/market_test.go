@@ -198,4 +198,8 @@ func TestMarketEmbeddedMiniredis(t *testing.T) {
 	if strings.Contains(stdout, "watch") || !strings.Contains(stdout, "lua") {
 		t.Errorf("want the lua row and no watch row:\n%s", stdout)
 	}
+	// dlock runs on miniredis (plain pub/sub): its rows are run, not skipped.
+	if strings.Contains(stdout+stderr, "skipped") || !strings.Contains(stderr, "dlock-fine       listed") {
+		t.Errorf("want the dlock rows run on miniredis:\nstdout:\n%s\nstderr:\n%s", stdout, stderr)
+	}
 }
