@@ -156,10 +156,10 @@ type Client struct {
 // miniredis), with the same guarantees. A Client finds out which with one
 // command before its first lock call, and keeps the answer for its life. So
 // make new Clients after moving to a server of another kind (a failover to a
-// replica of another version): an old Client's releases would fail on a
-// server without SPUBLISH, and on one with it the old Clients and the new
-// would not hear each other's releases (waiters would wake at the holder's
-// TTL).
+// replica of another version): an old Client's waiters would not be woken
+// by message on a server without SPUBLISH (its releases still succeed), and
+// on one with it the old Clients and the new would not hear each other's
+// releases (waiters would wake at the holder's TTL).
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	cfg := defaultClientConfig()
 	for _, o := range opts {
