@@ -153,13 +153,14 @@ type Client struct {
 // Wake-ups travel by sharded pub/sub (SPUBLISH, SSUBSCRIBE) on a Cluster and
 // on any server that has it (Redis 7.0 and later), and by plain pub/sub
 // (PUBLISH, SUBSCRIBE) on a single server without it (earlier Redis,
-// miniredis), with the same guarantees. A Client finds out which with one
+// miniredis), with the same guarantees; a ClusterClient with a ClusterSlots
+// func (as redis.NewFailoverClusterClient makes) counts as a single server. A Client finds out which with one
 // command before its first lock call, and keeps the answer for its life. So
 // make new Clients after moving to a server of another kind (a failover to a
-// replica of another version): an old Client's releases would fail on a
-// server without SPUBLISH, and on one with it the old Clients and the new
-// would not hear each other's releases (waiters would wake at the holder's
-// TTL).
+// replica of another version): an old Client's waiters would not be woken
+// by message on a server without SPUBLISH (its releases still succeed), and
+// on one with it the old Clients and the new would not hear each other's
+// releases (waiters would wake at the holder's TTL).
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	cfg := defaultClientConfig()
 	for _, o := range opts {
@@ -195,7 +196,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c.dog.init()
 	c.fences.init()
 	c.ps.init()
-	if _, ok := rdb.(*redis.ClusterClient); ok {
+	if hub.IsCluster(rdb) {
 		c.ps.set(hub.Sharded) // as hub.Detect would say, without asking
 	}
 	c.hub = hub.New(rdb, clientHandler{c}, cfg.logger, c.hubKind)

@@ -370,3 +370,34 @@ func TestMiniredisTime(t *testing.T) {
 		_ = l.Unlock(ctx)
 	}
 }
+
+// A go-redis ClusterClient whose slot map comes from a ClusterSlots func
+// rather than the servers is not always a Redis Cluster: it is what
+// redis.NewFailoverClusterClient makes of a Sentinel-managed primary, and
+// what servers sharded by hand look like. Its servers may lack SPUBLISH, so
+// a Client must ask them, as it asks a single server: on one without
+// SPUBLISH every primitive's waiter is woken by message, subscribed with
+// SUBSCRIBE. (Before, it was taken for a Cluster: the scripts' SPUBLISH
+// failed, and waiters woke only at their next look.)
+func TestClusterClientOfPlainServers(t *testing.T) {
+	s := redistest.Start(t, redistest.Options{NoShardedPubSub: true})
+	be := backend{plain: true, client: func(t *testing.T) *redis.Client { return s.Client(t) }}
+	rdb := s.Client(t)
+	ctx := ctxT(t, time.Minute)
+	newClient := func() *dlock.Client {
+		cc := redis.NewClusterClient(&redis.ClusterOptions{
+			ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+				return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: s.Addr()}}}}, nil
+			},
+		})
+		c := dlock.New(cc)
+		t.Cleanup(func() { _ = c.Close(); _ = cc.Close() })
+		return c
+	}
+	a, b := newClient(), newClient()
+	for _, p := range exclusives {
+		t.Run(p.kind, func(t *testing.T) {
+			wokenByMessage(t, ctx, be, rdb, p, a, b, "slots-func-"+p.kind, nil)
+		})
+	}
+}

@@ -14,6 +14,7 @@ func storyResults(l Load) map[string]*Result {
 	mk := func(v string, bought, retries, polls int64, p99 time.Duration, held time.Duration) *Result {
 		r := baseResult(Config{Duration: d, Pick: PickCheapest10}, l, specFor(v))
 		r.Bought, r.Retries, r.LockFailures, r.LockHeld = bought, retries, polls, held
+		r.Calls, r.InFlight = bought, 10 // every worker in a call at the row's end
 		r.All = Latency{Mean: p99 / 4, P50: p99 / 5, P99: p99}
 		return &r
 	}
@@ -64,6 +65,7 @@ func TestClaims(t *testing.T) {
 		"p99":    "keeps the slowest purchases short",
 		"dlock":  "dlock costs no purchases",
 		"dlock2": "dlock costs no purchases",
+		"hung":   "keeps the slowest purchases short",
 	}
 	breakers := map[string]func(m map[string]*Result){
 		"check": func(m map[string]*Result) { m[VariantLua].CheckError = "total funds 1 ≠ 2" },
@@ -75,6 +77,8 @@ func TestClaims(t *testing.T) {
 		},
 		"dlock":  func(m map[string]*Result) { m[VariantDlockFine].Bought = m[VariantFine].Bought - 1 },
 		"dlock2": func(m map[string]*Result) { m[VariantDlockFine].All.P99 = m[VariantFine].All.P99 + time.Microsecond },
+		// More calls still waiting at the end than 1 in 100 completed.
+		"hung": func(m map[string]*Result) { m[VariantDlockCoarse].Calls = 100*m[VariantDlockCoarse].InFlight - 1 },
 	}
 	cs := claims(inOrder(storyResults(Load{5, 5})))
 	if len(cs) != 6 {

@@ -223,11 +223,12 @@ func nodeFor(ctx context.Context, rdb redis.UniversalClient, key string) (redis.
 // waiters, so that leases and places that ran out are told from live ones.
 func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []string) ([]lockInfo, error) {
 	type cmds struct {
-		typ  *redis.StatusCmd
-		hash *redis.SliceCmd
-		pttl *redis.IntCmd
-		subs *redis.MapStringIntCmd
-		line *redis.IntCmd
+		typ   *redis.StatusCmd
+		hash  *redis.SliceCmd
+		pttl  *redis.IntCmd
+		subs  *redis.MapStringIntCmd // SUBSCRIBE: clients of a server without sharded pub/sub
+		ssubs *redis.MapStringIntCmd // SSUBSCRIBE
+		line  *redis.IntCmd
 	}
 	cs := make([]cmds, len(keys))
 	var clock *redis.TimeCmd
@@ -235,19 +236,21 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 		clock = p.Time(ctx)
 		for i, k := range keys {
 			cs[i] = cmds{
-				typ:  p.Type(ctx, k),
-				hash: p.HMGet(ctx, k, wire.FieldOwner, wire.FieldFence, wire.FieldKind, wire.FieldSize),
-				pttl: redis.NewIntCmd(ctx, "pttl", k),
-				subs: p.PubSubShardNumSub(ctx, k),
-				line: p.LLen(ctx, k+wire.SuffixLine),
+				typ:   p.Type(ctx, k),
+				hash:  p.HMGet(ctx, k, wire.FieldOwner, wire.FieldFence, wire.FieldKind, wire.FieldSize),
+				pttl:  redis.NewIntCmd(ctx, "pttl", k),
+				subs:  p.PubSubNumSub(ctx, k),
+				ssubs: p.PubSubShardNumSub(ctx, k),
+				line:  p.LLen(ctx, k+wire.SuffixLine),
 			}
 			_ = p.Process(ctx, cs[i].pttl)
 		}
 		return nil
 	})
-	// HMGET (and LLEN) fail with WRONGTYPE on a foreign key; only the other
-	// commands' errors matter.
-	if err != nil && !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+	// HMGET (and LLEN) fail with WRONGTYPE on a foreign key, and a server
+	// without sharded pub/sub (Redis before 7.0, miniredis) has no PUBSUB
+	// SHARDNUMSUB; only the other commands' errors matter.
+	if err != nil && !strings.HasPrefix(err.Error(), "WRONGTYPE") && !noShardNumSub(err) {
 		return nil, err
 	}
 	if err := clock.Err(); err != nil {
@@ -262,7 +265,13 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 				return nil, err
 			}
 		}
-		info := lockInfo{Name: nameOfKey(prefix, k), Key: k, TTLMillis: c.pttl.Val(), WaitingClients: c.subs.Val()[k]}
+		if err := c.ssubs.Err(); err != nil && !noShardNumSub(err) {
+			return nil, err
+		}
+		// A client waits subscribed with the kind of pub/sub the server
+		// has (see docs/PROTOCOL.md), so it is counted once.
+		waiting := c.subs.Val()[k] + c.ssubs.Val()[k]
+		info := lockInfo{Name: nameOfKey(prefix, k), Key: k, TTLMillis: c.pttl.Val(), WaitingClients: waiting}
 		typ := c.typ.Val()
 		var o, f, kind, size string
 		var hasO, hasF, hasK bool
@@ -338,6 +347,13 @@ func inspect(ctx context.Context, node redis.Cmdable, prefix string, keys []stri
 		}
 	}
 	return infos, nil
+}
+
+// noShardNumSub reports the reply of a server that has no PUBSUB
+// SHARDNUMSUB (Redis before 7.0: "ERR Unknown subcommand or wrong number of
+// arguments"; miniredis: "ERR unknown subcommand").
+func noShardNumSub(err error) bool {
+	return strings.Contains(strings.ToLower(err.Error()), "unknown subcommand")
 }
 
 // liveHoldings fills in a semaphore's or rwmutex's state from its hash and

@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // listJSON runs dlock list --json with args and parses the result.
@@ -324,5 +326,43 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatalf("condition not reached within %v", procTimeout)
 		}
 		time.Sleep(pollEvery)
+	}
+}
+
+// On a server without sharded pub/sub (Redis before 7.0, a server with
+// SPUBLISH renamed away) dlock clients wait subscribed with SUBSCRIBE:
+// status counts them all the same.
+func TestStatusCountsPlainSubscribers(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t, redistest.Options{NoShardedPubSub: true})
+	rdb := s.Client(t)
+	holder := startDlock(t, s.Addr(), "run", "busy", "--", "sh", "-c", `echo ready; exec sleep 30`)
+	holder.line()
+	for _, args := range [][]string{{"--fair"}, {}} {
+		startDlock(t, s.Addr(), append(append([]string{"run", "--wait", "forever"}, args...), "busy", "--", "true")...)
+	}
+	waitFor(t, func() bool { return rdb.PubSubNumSub(t.Context(), "dlock:{busy}").Val()["dlock:{busy}"] == 2 })
+	waitFor(t, func() bool { return rdb.LLen(t.Context(), "dlock:{busy}:q").Val() == 2 })
+	st := statusJSON(t, s.Addr(), "busy")
+	if st.WaitingClients != 2 || st.InLine != 2 {
+		t.Errorf("a --fair waiter and a default one, subscribed with SUBSCRIBE: %+v; want 2 clients, 2 in line", st)
+	}
+	infos, _ := listJSON(t, s.Addr())
+	if len(infos) != 1 || infos[0].WaitingClients != 2 {
+		t.Errorf("list: %+v; want busy with 2 waiting clients", infos)
+	}
+
+	// miniredis, like Redis before 7.0, has no PUBSUB SHARDNUMSUB at all.
+	mr := miniredis.RunT(t)
+	c := dlock.New(redis.NewClient(&redis.Options{Addr: mr.Addr()}))
+	defer c.Close()
+	if _, err := c.Mutex("m").Lock(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if st := statusJSON(t, mr.Addr(), "m"); st.State != "held" || st.Type != "mutex" {
+		t.Errorf("status of a held mutex on miniredis: %+v", st)
+	}
+	if infos, _ := listJSON(t, mr.Addr()); len(infos) != 1 || infos[0].State != "held" {
+		t.Errorf("list on miniredis: %+v", infos)
 	}
 }

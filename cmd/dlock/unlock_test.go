@@ -1,13 +1,17 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/wire"
 )
 
 // unlock --force removes the holder and wakes a waiter, which runs with a
@@ -131,16 +135,29 @@ func TestUnlockForceLeavesForeignHashAlone(t *testing.T) {
 
 // unlock --force on a server without sharded pub/sub (Redis before 7.0,
 // miniredis) publishes the release with PUBLISH, as a Client there does: it
-// removes the holder and reports it, and the waiter takes the lock.
+// removes the holder and reports it, a plain subscriber hears the removed
+// holder's fence (a refused publish does not fail the script, so only the
+// message tells that the right command was used), and the waiter takes the
+// lock.
 func TestUnlockForceWithoutShardedPubSub(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t, redistest.Options{NoShardedPubSub: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	wake := s.Client(t).Subscribe(ctx, wire.HashKey(wire.DefaultPrefix, "plain"))
+	defer wake.Close()
+	if _, err := wake.Receive(ctx); err != nil { // the confirmation
+		t.Fatal(err)
+	}
 	holder := startDlock(t, s.Addr(), "run", "--ttl", "30s", "plain", "--", "sh", "-c", `echo "$DLOCK_FENCE"; exec sleep 30`)
 	fence := fenceOf(t, holder.line())
 	waiter := startDlock(t, s.Addr(), "run", "--wait", "20s", "plain", "--", "sh", "-c", `echo "$DLOCK_FENCE"`)
 	code, out, errOut := runDlock(t, s.Addr(), "unlock", "--force", "plain")
 	if code != 0 || !strings.Contains(out, "removed the holder") {
 		t.Fatalf("unlock --force: exit %d, stdout %q, stderr %q; want the holder removed", code, out, errOut)
+	}
+	if msg, err := wake.ReceiveMessage(ctx); err != nil || msg.Payload != strconv.FormatUint(fence, 10) {
+		t.Errorf("the first release heard by a plain subscriber: %v, %v; want the removed holder's fence %d", msg, err, fence)
 	}
 	if f2 := fenceOf(t, waiter.line()); f2 <= fence {
 		t.Errorf("waiter's fence %d is not above the removed holder's %d", f2, fence)

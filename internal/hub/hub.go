@@ -138,9 +138,10 @@ type Hub struct {
 var never = make(chan struct{})
 
 // New returns a hub that subscribes through rdb: a single-server or failover
-// (Sentinel) *redis.Client, or a *redis.ClusterClient. Off Cluster, kind
-// says which pub/sub to subscribe with: the hub asks it before it makes a
-// connection, and a kind error counts as a failed subscription (retried
+// (Sentinel) *redis.Client, or a *redis.ClusterClient. kind says which
+// pub/sub to subscribe with (Sharded on a Cluster, see IsCluster; a
+// ClusterClient of other servers may say Plain): the hub asks it before it
+// places a channel, and a kind error counts as a failed subscription (retried
 // after a backoff); nil means Sharded. It should give the same answer every
 // time (see Detect). A nil logger logs nothing. New starts no goroutine
 // until the first Want; Close ends them.

@@ -36,14 +36,14 @@ func (k Kind) String() string {
 }
 
 // Detect finds out which kind of pub/sub rdb's server offers. A Cluster is
-// Sharded without asking (dlock needs Redis 7.0 there). Otherwise it
+// Sharded without asking (see IsCluster). Otherwise it
 // publishes one empty message with SPUBLISH on probe, a channel nobody
 // subscribes to: a server that answers it does not know the command is
 // Plain; any other reply, errors such as NOPERM included, shows that it
 // knows SPUBLISH, so it is Sharded. An error means it could not tell (the
 // server did not answer): ask again later.
 func Detect(ctx context.Context, rdb redis.UniversalClient, probe string) (Kind, error) {
-	if _, ok := rdb.(*redis.ClusterClient); ok {
+	if IsCluster(rdb) {
 		return Sharded, nil
 	}
 	err := rdb.Do(ctx, "SPUBLISH", probe, "").Err()
@@ -64,4 +64,14 @@ func Detect(ctx context.Context, rdb redis.UniversalClient, probe string) (Kind,
 // with: ..." (Redis quotes the name with ' and miniredis with `).
 func unknownCommand(msg string) bool {
 	return strings.HasPrefix(strings.ToLower(msg), "err unknown command")
+}
+
+// IsCluster reports whether rdb is a client of a Redis Cluster, which has
+// sharded pub/sub (dlock needs Redis 7.0 there): a ClusterClient that reads
+// its slot map from the servers. One given a ClusterSlots func instead may
+// front servers that are no Cluster (redis.NewFailoverClusterClient makes
+// one of a Sentinel-managed primary), which Detect asks like any server.
+func IsCluster(rdb redis.UniversalClient) bool {
+	cc, ok := rdb.(*redis.ClusterClient)
+	return ok && cc.Options().ClusterSlots == nil
 }

@@ -183,15 +183,18 @@ type target struct {
 // slot in the client's slot map; otherwise the one server, where a
 // connection of either kind hears every channel.
 func (h *Hub) locate(channel string) target {
+	k, err := h.kind(h.ctx) // Sharded at once on a Cluster (see IsCluster)
+	if err != nil {
+		return target{err: err}
+	}
 	if h.cluster == nil {
-		k, err := h.kind(h.ctx)
-		return target{plain: k == Plain, src: h.rdb, err: err}
+		return target{plain: k == Plain, src: h.rdb}
 	}
 	node, err := h.cluster.MasterForKey(h.ctx, channel)
 	if err != nil {
 		return target{err: err}
 	}
-	return target{addr: node.Options().Addr, src: node}
+	return target{addr: node.Options().Addr, plain: k == Plain, src: node}
 }
 
 // connTo returns the live connection to t, making it if needed. Called with

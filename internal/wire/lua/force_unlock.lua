@@ -34,5 +34,5 @@ if ARGV[3] ~= '' and h[1] ~= ARGV[3] then return {2, h[1], h[2]} end
 redis.call('HDEL', key, 'o')
 redis.call('HSET', key, 'f', string.format('%.0f', tonumber(h[2]) + 1))
 redis.call('PEXPIRE', key, ARGV[1])
-redis.call(pub, ARGV[2], h[2])
+redis.pcall(pub, ARGV[2], h[2]) -- pcall: see release.lua
 return {1, h[1], h[2]}

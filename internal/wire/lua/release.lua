@@ -51,7 +51,7 @@ if KEYS[3] and h[4] then
         -- waiter's place would: a waiter that died in line costs at most that.
         redis.call('HSET', key, 'o', w, 'f', fs, 'p', ARGV[2])
         redis.call('PEXPIRE', key, math.min(tonumber(wttl), 2 * (tonumber(deadline) - now) + 1000))
-        redis.call(pub, wch, 'g ' .. fs .. ' ' .. w)
+        redis.pcall(pub, wch, 'g ' .. fs .. ' ' .. w) -- see the note below
         return 3
       end
     end
@@ -60,5 +60,9 @@ if KEYS[3] and h[4] then
 end
 redis.call('HDEL', key, 'o', 'w')
 redis.call('PEXPIRE', key, ARGV[3])
-redis.call(pub, ARGV[4], ARGV[2])
+-- pcall: the wake-up is not part of the release. A refused publish (an ACL
+-- without channel rights, a server that lost SPUBLISH) must not fail the
+-- script after its writes, which Redis keeps: the caller would be told that
+-- a release it made had failed. Waiters then learn of it at their next look.
+redis.pcall(pub, ARGV[4], ARGV[2])
 return 1

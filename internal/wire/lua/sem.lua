@@ -120,7 +120,7 @@ local function serve()
         -- Until the new holder renews, its lease lasts no longer than its
         -- place in line would have: a waiter that died in line costs little.
         local f = give(w, wn, math.min(tonumber(wttl), 2 * (tonumber(dl) - now) + 1000))
-        redis.call(pub, wch, 'g ' .. fmt(f) .. ' ' .. w)
+        redis.pcall(pub, wch, 'g ' .. fmt(f) .. ' ' .. w) -- pcall: see release.lua
       end
     else
       redis.call('LPOP', line)
