@@ -169,6 +169,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
+	cfg.ack.check(rdb)
 	bg, stop := context.WithCancel(context.Background())
 	c := &Client{
 		rdb:      rdb,

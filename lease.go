@@ -122,7 +122,17 @@ func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call) (int64, erro
 		// now on the lock may expire ttl after sent.
 		h.sending(sent, ttl)
 	}
-	v, err := h.c.eval(ctx, c)
+	var v any
+	var err error
+	if ttl > 0 && h.c.cfg.ack.on() {
+		v, err = h.c.evalAcked(ctx, c)
+	} else {
+		v, err = h.c.eval(ctx, c)
+	}
+	ack, acked := v.(ackedReply)
+	if acked {
+		v = ack.v
+	}
 	switch {
 	case isForeign(err):
 		h.lose("lock key overwritten by another value")
@@ -135,6 +145,13 @@ func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call) (int64, erro
 	}
 	n, _ := v.(int64)
 	if ttl > 0 && n == 1 {
+		if acked {
+			if err := h.c.cfg.ack.short(ack, "extend"); err != nil {
+				// It ran, but a failover now could lose it: it does not count.
+				h.doubted(sent, ttl)
+				return 0, nameErr(h.lk.name, err)
+			}
+		}
 		h.extended(sent, ttl)
 	}
 	return n, nil

@@ -1,0 +1,235 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+)
+
+// primaryAndReplica starts a primary and one replica of it (no sentinels)
+// and waits until the replica is in sync. It returns go-redis clients of
+// both.
+func primaryAndReplica(t *testing.T) (p, r *redistest.Server, pc, rc *redis.Client) {
+	t.Helper()
+	p = redistest.Start(t)
+	r = redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(p.Port())}})
+	pc, rc = p.Client(t), r.Client(t)
+	ctx := ctxT(t, 20*time.Second)
+	waitFor(t, ctx, "the replica to sync", func() bool {
+		s, _ := rc.Info(ctx, "replication").Result()
+		return strings.Contains(s, "master_link_status:up")
+	})
+	waitFor(t, ctx, "the primary to see its replica", func() bool {
+		s, _ := pc.Info(ctx, "replication").Result()
+		return strings.Contains(s, "connected_slaves:1")
+	})
+	return p, r, pc, rc
+}
+
+// TestReplicaAckGrantIsOnTheReplica: with WithReplicaAck(1, ...) every grant
+// (acquire, Fair hand-over, semaphore serve, Extend) is on the replica by
+// the time the call returns.
+func TestReplicaAckGrantIsOnTheReplica(t *testing.T) {
+	_, _, pc, rc := primaryAndReplica(t)
+	ctx := ctxT(t, 30*time.Second)
+	c := dlock.New(pc, dlock.WithReplicaAck(1, time.Second))
+	t.Cleanup(func() { _ = c.Close() })
+	onReplica := func(what, key, token string) {
+		t.Helper()
+		if got, _ := rc.HGet(ctx, key, "o").Result(); got != token {
+			t.Fatalf("%s: the replica names owner %q, want %q", what, got, token)
+		}
+	}
+	l, err := c.Mutex("a").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onReplica("acquire", "dlock:{a}", l.Token())
+	if err := l.Extend(ctx, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if ms, _ := rc.PTTL(ctx, "dlock:{a}").Result(); ms < 15*time.Second {
+		t.Fatalf("extend: the replica's TTL is %v, want about 20s", ms)
+	}
+	// A Fair waiter handed the lock by the release.
+	next := async(t, ctx, c.Mutex("a", dlock.Fair()).Lock)
+	waitLine(t, ctx, pc, "dlock:{a}", 1)
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w, err := next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	onReplica("hand-over", "dlock:{a}", w.Token())
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A semaphore permit.
+	s, err := c.Semaphore("s", 1).Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := rc.HExists(ctx, "dlock:{s}", "h:"+s.Token()).Result(); !ok {
+		t.Fatalf("semaphore: the replica has no holding of token %s", s.Token())
+	}
+	_ = s.Unlock(ctx)
+}
+
+// TestReplicaAckFailsClosed: with the replica stopped, no call reports a
+// grant: TryLock and Lock return ErrNotReplicated at once (naming how many
+// confirmed) and leave the lock free; an Extend does not count; a waiter
+// handed the lock gives it back with ErrNotReplicated; a held lease whose
+// renewals are not confirmed ends by its deadline.
+func TestReplicaAckFailsClosed(t *testing.T) {
+	_, replica, pc, _ := primaryAndReplica(t)
+	ctx := ctxT(t, 60*time.Second)
+	c := dlock.New(pc, dlock.WithReplicaAck(1, 200*time.Millisecond))
+	t.Cleanup(func() { _ = c.Close() })
+	other := dlock.New(pc) // no acknowledgement: its grants are not held back
+	t.Cleanup(func() { _ = other.Close() })
+	free := func(what, key string) {
+		t.Helper()
+		if o, _ := pc.HGet(ctx, key, "o").Result(); o != "" {
+			t.Fatalf("%s: the lock is left owned by %q", what, o)
+		}
+	}
+	notReplicated := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, dlock.ErrNotReplicated) || !strings.Contains(err.Error(), "0 of 1 replicas confirmed") {
+			t.Fatalf("%s: %v, want ErrNotReplicated saying 0 of 1 replicas confirmed", what, err)
+		}
+	}
+
+	held, err := c.Mutex("held", dlock.TTL(3*time.Second)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, err := other.Mutex("b").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handed := async(t, ctx, c.Mutex("b", dlock.Fair()).Lock)
+	// Default mode: a waiter of the holder's own Client is not passed the
+	// lock without Redis (an unacknowledged grant).
+	// Its turn at Redis starts with the hand-over to the first, with the
+	// second queued behind it.
+	xp, err := other.Mutex("p").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := async(t, ctx, c.Mutex("p").Lock)
+	waitLine(t, ctx, pc, "dlock:{p}", 1)
+	passed := async(t, ctx, c.Mutex("p").Lock)
+	waitFor(t, ctx, "two waiters queued in the Client", func() bool {
+		n, _ := dlock.QueuedLocally(c, "p")
+		return n == 2
+	})
+	if err := xp.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hp, err := first()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "the second waiter asleep in line", func() bool {
+		n, asleep := dlock.QueuedLocally(c, "p")
+		return n == 1 && asleep
+	})
+	replica.Pause()
+	defer replica.Resume()
+
+	before := dlock.Deadline(held)
+	err = held.Extend(ctx, 30*time.Second)
+	notReplicated("Extend", err)
+	if d := dlock.Deadline(held); d.After(before) {
+		t.Fatalf("Extend not confirmed moved the deadline from %v to %v", before, d)
+	}
+
+	_, err = c.Mutex("a").TryLock(ctx)
+	notReplicated("TryLock", err)
+	free("TryLock", "dlock:{a}")
+	start := time.Now()
+	_, err = c.Mutex("a").Lock(ctx)
+	notReplicated("Lock", err)
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("Lock returned after %v: it went on trying", el)
+	}
+	free("Lock", "dlock:{a}")
+	_, err = c.Semaphore("s", 2).TryAcquire(ctx, 1)
+	notReplicated("semaphore TryLock", err)
+	if n, _ := pc.ZCard(ctx, "dlock:{s}:h").Result(); n != 0 {
+		t.Fatalf("semaphore: %d holdings left", n)
+	}
+
+	waitLine(t, ctx, pc, "dlock:{b}", 1)
+	if err := hb.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = handed()
+	notReplicated("hand-over", err)
+	waitFor(t, ctx, "the handed lock to be given back", func() bool {
+		o, _ := pc.HGet(ctx, "dlock:{b}", "o").Result()
+		return o == ""
+	})
+
+	if err := hp.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = passed()
+	notReplicated("default-mode waiter of the same Client", err)
+
+	// The held lease's renewals are not confirmed: it ends by its deadline.
+	select {
+	case <-held.Context().Done():
+		if !errors.Is(context.Cause(held.Context()), dlock.ErrLockLost) {
+			t.Fatalf("held lease ended with %v, want ErrLockLost", context.Cause(held.Context()))
+		}
+		if late := time.Since(dlock.Deadline(held)); late > time.Second {
+			t.Fatalf("held lease ended %v after its deadline", late)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a lease whose renewals are not confirmed is still believed held after 10s")
+	}
+
+	replica.Resume()
+	l, err := c.Mutex("a").Lock(ctx)
+	if err != nil {
+		t.Fatalf("after the replica is back: %v", err)
+	}
+	_ = l.Unlock(ctx)
+}
+
+// TestReplicaAckBadSettings: a bad WithReplicaAck setting is an
+// ErrInvalidArgument from every lock call, naming what was wrong.
+func TestReplicaAckBadSettings(t *testing.T) {
+	s := redistest.Start(t)
+	ctx := ctxT(t, 10*time.Second)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": s.Addr()}})
+	t.Cleanup(func() { _ = ring.Close() })
+	for _, tc := range []struct {
+		rdb  redis.UniversalClient
+		opt  dlock.Option
+		want string
+	}{
+		{s.Client(t), dlock.WithReplicaAck(0, time.Second), "0 replicas: must be at least 1"},
+		{s.Client(t), dlock.WithReplicaAck(1, 0), "timeout 0s: must be at least 1ms"},
+		{s.Client(t), dlock.WithReplicaAck(1, 5*time.Second), "must be shorter than the Redis client's ReadTimeout (5s)"},
+		{ring, dlock.WithReplicaAck(1, time.Second), "*redis.Ring is not supported"},
+	} {
+		c := dlock.New(tc.rdb, tc.opt)
+		_, err := c.Mutex("x").TryLock(ctx)
+		if !errors.Is(err, dlock.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("got %v, want ErrInvalidArgument saying %q", err, tc.want)
+		}
+		_ = c.Close()
+	}
+}
