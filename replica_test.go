@@ -17,7 +17,7 @@ import (
 // primaryAndReplica starts a primary and one replica of it (no sentinels)
 // and waits until the replica is in sync. It returns go-redis clients of
 // both.
-func primaryAndReplica(t *testing.T) (p, r *redistest.Server, pc, rc *redis.Client) {
+func primaryAndReplica(t testing.TB) (p, r *redistest.Server, pc, rc *redis.Client) {
 	t.Helper()
 	p = redistest.Start(t)
 	r = redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(p.Port())}})
@@ -181,6 +181,12 @@ func TestReplicaAckFailsClosed(t *testing.T) {
 		return o == ""
 	})
 
+	// Its looks now take up to the WAIT timeout: unlock while it sleeps
+	// between them, when a pass could be made.
+	waitFor(t, ctx, "the second waiter asleep in line again", func() bool {
+		_, asleep := dlock.QueuedLocally(c, "p")
+		return asleep
+	})
 	if err := hp.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -231,5 +237,36 @@ func TestReplicaAckBadSettings(t *testing.T) {
 			t.Errorf("got %v, want ErrInvalidArgument saying %q", err, tc.want)
 		}
 		_ = c.Close()
+	}
+}
+
+// BenchmarkReplicaAck: one goroutine's lock+unlock cycles on a primary with
+// one replica, without and with WithReplicaAck(1, ...): what the
+// acknowledgement costs per grant.
+func BenchmarkReplicaAck(b *testing.B) {
+	_, _, pc, _ := primaryAndReplica(b)
+	ctx := context.Background()
+	for _, bc := range []struct {
+		name string
+		opts []dlock.Option
+	}{
+		{"ack=none", nil},
+		{"ack=1", []dlock.Option{dlock.WithReplicaAck(1, time.Second)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := dlock.New(pc, bc.opts...)
+			defer c.Close()
+			m := c.Mutex("bench-ack")
+			b.ReportAllocs()
+			for b.Loop() {
+				l, err := m.Lock(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := l.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
