@@ -92,7 +92,7 @@ func TestReplicaAckGrantIsOnTheReplica(t *testing.T) {
 func TestReplicaAckFailsClosed(t *testing.T) {
 	_, replica, pc, _ := primaryAndReplica(t)
 	ctx := ctxT(t, 60*time.Second)
-	c := dlock.New(pc, dlock.WithReplicaAck(1, 200*time.Millisecond))
+	c := dlock.New(pc, dlock.WithReplicaAck(1, 500*time.Millisecond))
 	t.Cleanup(func() { _ = c.Close() })
 	other := dlock.New(pc) // no acknowledgement: its grants are not held back
 	t.Cleanup(func() { _ = other.Close() })
@@ -113,6 +113,11 @@ func TestReplicaAckFailsClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	heldEnded := make(chan time.Time, 1)
+	go func() {
+		<-held.Context().Done()
+		heldEnded <- time.Now()
+	}()
 	hb, err := other.Mutex("b").Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -195,11 +200,11 @@ func TestReplicaAckFailsClosed(t *testing.T) {
 
 	// The held lease's renewals are not confirmed: it ends by its deadline.
 	select {
-	case <-held.Context().Done():
+	case at := <-heldEnded:
 		if !errors.Is(context.Cause(held.Context()), dlock.ErrLockLost) {
 			t.Fatalf("held lease ended with %v, want ErrLockLost", context.Cause(held.Context()))
 		}
-		if late := time.Since(dlock.Deadline(held)); late > time.Second {
+		if late := at.Sub(dlock.Deadline(held)); late > time.Second {
 			t.Fatalf("held lease ended %v after its deadline", late)
 		}
 	case <-time.After(10 * time.Second):
@@ -268,5 +273,53 @@ func BenchmarkReplicaAck(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestReplicaAckOnCluster: on a Cluster each grant waits for the replica of
+// the master that serves the lock's slot: with one master's replica
+// stopped, locks in that master's slots fail closed and the others work.
+func TestReplicaAckOnCluster(t *testing.T) {
+	w := startClusterWake(t, 1)
+	ctx := ctxT(t, 60*time.Second)
+	c := dlock.New(w.rdb, dlock.WithReplicaAck(1, time.Second))
+	t.Cleanup(func() { _ = c.Close() })
+	replicaOf := func(name string) *redistest.Server {
+		owner := w.owner(t, name)
+		for i, m := range w.masters {
+			if m == owner {
+				return w.replica[i][0]
+			}
+		}
+		t.Fatalf("no master serves %s", name)
+		return nil
+	}
+	for _, name := range w.names {
+		l, err := c.Mutex(name).Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := replicaOf(name).Client(t, func(o *redis.Options) {
+			o.OnConnect = func(ctx context.Context, cn *redis.Conn) error { return cn.ReadOnly(ctx).Err() }
+		})
+		if got, _ := r.HGet(ctx, "dlock:{"+name+"}", "o").Result(); got != l.Token() {
+			t.Fatalf("%s: its master's replica names owner %q, want %q", name, got, l.Token())
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopped := replicaOf(w.names[0])
+	stopped.Pause()
+	defer stopped.Resume()
+	if _, err := c.Mutex(w.names[0]).TryLock(ctx); !errors.Is(err, dlock.ErrNotReplicated) {
+		t.Fatalf("%s, its master's replica stopped: %v, want ErrNotReplicated", w.names[0], err)
+	}
+	for _, name := range w.names[1:] {
+		l, err := c.Mutex(name).TryLock(ctx)
+		if err != nil {
+			t.Fatalf("%s, on another master: %v", name, err)
+		}
+		_ = l.Unlock(ctx)
 	}
 }
