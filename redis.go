@@ -153,13 +153,13 @@ func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent, onc
 	n := c.inflight.Add(1)
 	defer c.inflight.Add(-1)
 	if n > pipelineAbove && c.ap != nil && !urgent {
-		v, err := c.submit(ctx, args, late)
-		if err != nil && isNoScript(err) {
-			// Load it (on every shard of a cluster) and send it again.
-			if lerr := c.rdb.ScriptLoad(ctx, s.src).Err(); lerr != nil {
-				return nil, lerr
-			}
-			v, err = c.submit(ctx, args, late)
+		v, err := c.pipelined(ctx, s, args, late)
+		if err != nil && !once {
+			// The pipeliner sends every call once (see submit), where
+			// go-redis would have resent this one by itself: ask again
+			// with the same line (an acquire that ran finds the lock its
+			// token's), as on a pooled connection.
+			v, err = resend(ctx, v, err, nil, func() (any, error) { return c.pipelined(ctx, s, args, late) })
 		}
 		return v, err
 	}
@@ -167,6 +167,20 @@ func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent, onc
 		return s.do(ctx, c.rdb, args, once) // as aside would, without making its closure
 	}
 	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.do(ctx, c.rdb, args, once) }, late)
+}
+
+// pipelined runs a prepared command line of script s on the client's
+// autopipeliner (see submit), loading s on NOSCRIPT.
+func (c *Client) pipelined(ctx context.Context, s *script, args []any, late func(any, error)) (any, error) {
+	v, err := c.submit(ctx, args, late)
+	if err != nil && isNoScript(err) {
+		// Load it (on every shard of a cluster) and send it again.
+		if lerr := c.rdb.ScriptLoad(ctx, s.src).Err(); lerr != nil {
+			return nil, lerr
+		}
+		v, err = c.submit(ctx, args, late)
+	}
+	return v, err
 }
 
 // submit runs one prepared command line on the client's deferred
@@ -178,8 +192,8 @@ func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent, onc
 // go-redis's autopipeliner splits a batch where the retry policy changes and
 // keeps commands that must not be resent out of its fastest path, which
 // costs every call of a batch that mixes them (a quarter of the throughput
-// with only releases marked). An acquire whose outcome is unknown is asked
-// again by the engine itself, with the same token.
+// with only releases marked). The engine resends what go-redis would have
+// (runLine: an acquire, with the same token; holding.release: a release).
 func (c *Client) submit(ctx context.Context, args []any, late func(any, error)) (any, error) {
 	cmd := redis.NewCmd(ctx, args...)
 	f := c.ap.Submit(ctx, onceCmd{cmd})
