@@ -174,8 +174,10 @@ func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent, onc
 func (c *Client) pipelined(ctx context.Context, s *script, args []any, late func(any, error)) (any, error) {
 	v, err := c.submit(ctx, args, late)
 	if err != nil && isNoScript(err) {
-		// Load it (on every shard of a cluster) and send it again.
-		if lerr := c.rdb.ScriptLoad(ctx, s.src).Err(); lerr != nil {
+		// Load it (on every shard of a cluster) and send it again. The
+		// load goes on a pooled connection: aside, so that a server that
+		// stops answering does not hold the caller past ctx.
+		if _, lerr := c.aside(ctx, func(ctx context.Context) (any, error) { return nil, c.rdb.ScriptLoad(ctx, s.src).Err() }, nil); lerr != nil {
 			return nil, lerr
 		}
 		v, err = c.submit(ctx, args, late)

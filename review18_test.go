@@ -5,6 +5,8 @@ package dlock_test
 // fails on the code it was written against (57da81c).
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,5 +53,51 @@ func TestPipelinedAcquireResentAfterACut(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestPipelinedScriptLoadWithinCtx: a TryLock through the autopipeliner
+// meets NOSCRIPT (the server's script cache was flushed: a restart, a
+// failover, SCRIPT FLUSH), and the server stops answering just then. The
+// pipeliner's wait ends with the caller's ctx, but the SCRIPT LOAD that
+// follows was sent straight on the go-redis client, which bounds its socket
+// I/O by its own read timeout (10s here), not by ctx (without
+// ContextTimeoutEnabled): TryLock returned that long after its ctx ended.
+// A pooled connection's call runs aside (Client.aside) and returns with
+// ctx; the pipelined path must too.
+func TestPipelinedScriptLoadWithinCtx(t *testing.T) {
+	s := redistest.Start(t)
+	c, in := faultyClient(t, s, faults.Rule{Script: "acquire", Kind: faults.DelayReply, Calls: []int{1}, Min: 300 * time.Millisecond, Max: 300 * time.Millisecond})
+	dlock.ForcePipelined(c)
+	plain := s.Client(t)
+	ctx := ctxT(t, 30*time.Second)
+	if err := plain.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	end, _ := tctx.Deadline()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Mutex("noscript-paused").TryLock(tctx)
+		done <- err
+	}()
+	// Redis answered the acquire NOSCRIPT (its reply is held back 300ms):
+	// stop it before the reply reaches the engine.
+	waitFor(t, ctx, "the acquire answered NOSCRIPT", func() bool {
+		return strings.Contains(plain.Info(ctx, "errorstats").Val(), "errorstat_NOSCRIPT:count=1")
+	})
+	if !in.InFlight(func(k faults.Call) bool { return k.Script == "acquire" }) {
+		t.Fatal("the acquire's reply reached the engine before the server was stopped: no SCRIPT LOAD to a stopped server")
+	}
+	s.Pause()
+	defer s.Resume()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("TryLock obtained a lock on a stopped server")
+		}
+	case <-time.After(time.Until(end) + 3*time.Second):
+		t.Fatal("TryLock did not return within 3s after its ctx ended (the SCRIPT LOAD after NOSCRIPT waits for the client's read timeout)")
 	}
 }
