@@ -144,9 +144,13 @@ const pipelineAbove = 8
 
 // runLine runs a prepared command line of script s. If the caller's ctx
 // ends before the reply, late (if not nil) gets the reply when it comes.
-// Urgent calls (a hand-off is waiting on them) skip the pipeliner; once:
-// see onceCmd.
-func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent, once bool, late func(any, error)) (any, error) {
+// Urgent calls (a hand-off is waiting on them) skip the pipeliner. A call
+// without doubt is sent once (see onceCmd): its caller resends it. One with
+// doubt is resent after a failure as go-redis would: by go-redis itself on
+// a pooled connection, by runLine through the pipeliner (which sends every
+// call once, see submit), and then *doubt is set, for a send whose outcome
+// is unknown may yet run.
+func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent bool, doubt *bool, late func(any, error)) (any, error) {
 	// Calls go straight to a pooled connection unless many are in flight:
 	// batching saves system calls only when there are round trips to
 	// share, and costs every call a hop through the pipeliner's goroutine.
@@ -154,15 +158,14 @@ func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent, onc
 	defer c.inflight.Add(-1)
 	if n > pipelineAbove && c.ap != nil && !urgent {
 		v, err := c.pipelined(ctx, s, args, late)
-		if err != nil && !once {
-			// The pipeliner sends every call once (see submit), where
-			// go-redis would have resent this one by itself: ask again
-			// with the same line (an acquire that ran finds the lock its
-			// token's), as on a pooled connection.
-			v, err = resend(ctx, v, err, nil, func() (any, error) { return c.pipelined(ctx, s, args, late) })
+		if err != nil && doubt != nil {
+			// Ask again with the same line, as on a pooled connection (an
+			// acquire that ran finds the lock its token's).
+			v, err = resend(ctx, v, err, func(error) { *doubt = true }, func() (any, error) { return c.pipelined(ctx, s, args, late) })
 		}
 		return v, err
 	}
+	once := doubt == nil
 	if c.ctxAware || ctx.Done() == nil {
 		return s.do(ctx, c.rdb, args, once) // as aside would, without making its closure
 	}
@@ -275,7 +278,7 @@ func contextAware(rdb redis.UniversalClient) bool {
 func (c *Client) releaseCall(ctx context.Context, h *holding) (any, error) {
 	args := h.cmd.release()
 	if !h.contended {
-		return c.runLine(ctx, h.cmd.relScript, args, false, true, nil)
+		return c.runLine(ctx, h.cmd.relScript, args, false, nil, nil)
 	}
 	c.inflight.Add(1)
 	defer c.inflight.Add(-1)
