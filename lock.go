@@ -178,14 +178,15 @@ type look struct {
 	left    time.Duration // not obtained: how long the holder's lease has left
 }
 
-// attempt runs h's acquire once. An error may leave the outcome unknown.
+// attempt runs h's acquire (resent after a failure as go-redis would: see
+// runLine). An error may leave the outcome unknown.
 func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, error) {
 	if err := lk.c.pubsubReady(ctx); err != nil {
 		return look{}, err // nothing sent
 	}
 	r := look{sent: time.Now()}
 	h.contended = waited
-	v, err := lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, false, func(v any, err error) {
+	v, err := lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, &h.acqDoubt, func(v any, err error) {
 		// The caller gave up before the reply: if it was a grant (or may
 		// have been), give the lock back rather than leave it to its TTL.
 		if a, ok := v.([]any); err != nil || (ok && len(a) >= 2 && a[0] == int64(1)) {
