@@ -82,3 +82,8 @@ func Deadline(l *Lease) time.Time {
 	defer h.mu.Unlock()
 	return h.deadline
 }
+
+// ForcePipelined makes every later lock-path call of c that is not urgent
+// go through its autopipeliner, as when more than pipelineAbove calls are
+// in flight (tests of that path need not make the crowd).
+func ForcePipelined(c *Client) { c.inflight.Add(pipelineAbove) }

@@ -271,13 +271,12 @@ func (h *holding) release(ctx context.Context) error {
 	}
 	h.mu.Unlock()
 	v, err := h.c.releaseCall(ctx, h)
-	for i, wait := 0, 10*time.Millisecond; i < releaseResends && resendable(err) && sleepCtx(ctx, wait); i, wait = i+1, 4*wait {
+	v, err = resend(ctx, v, err, func(err error) {
 		// A failed connection may have followed a run; a refusal to run
 		// did not.
 		var reply redis.Error
 		retry = retry || !errors.As(err, &reply)
-		v, err = h.c.releaseCall(ctx, h)
-	}
+	}, func() (any, error) { return h.c.releaseCall(ctx, h) })
 	if isForeign(err) {
 		err = &lostError{scriptErr(h.lk.hash, h.lk.kind, err)}
 		h.settle(lost, err)
@@ -303,9 +302,24 @@ func (h *holding) release(ctx context.Context) error {
 	return nameErr(h.lk.name, err)
 }
 
-// releaseResends bounds how often a failed release is sent again within
-// one Unlock (as go-redis would have, by default).
+// releaseResends bounds how often a failed call that go-redis does not
+// resend by itself (a release; any call through the autopipeliner) is sent
+// again (as go-redis would have, by default).
 const releaseResends = 3
+
+// resend sends a call again with send after a failure that resendable
+// allows, up to releaseResends times with growing waits while ctx lasts,
+// and returns the last reply; failed (if not nil) sees each failure it
+// resends after.
+func resend(ctx context.Context, v any, err error, failed func(error), send func() (any, error)) (any, error) {
+	for i, wait := 0, 10*time.Millisecond; i < releaseResends && resendable(err) && sleepCtx(ctx, wait); i, wait = i+1, 4*wait {
+		if failed != nil {
+			failed(err)
+		}
+		v, err = send()
+	}
+	return v, err
+}
 
 // resendable reports a failure after which a release may be sent again
 // (as go-redis would): a connection that failed, or a refusal that means

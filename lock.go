@@ -180,7 +180,8 @@ type look struct {
 	left    time.Duration // not obtained: how long the holder's lease has left
 }
 
-// attempt runs h's acquire once. An error may leave the outcome unknown.
+// attempt runs h's acquire (resent after a failure as go-redis would: see
+// runLine). An error may leave the outcome unknown.
 func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, error) {
 	if err := lk.c.pubsubReady(ctx); err != nil {
 		return look{}, err // nothing sent
@@ -199,7 +200,7 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 	if lk.c.cfg.ack.on() {
 		v, err = lk.c.runAcked(ctx, h.cmd.acqScript, lk.hash, h.cmd.acquire(), late)
 	} else {
-		v, err = lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, false, late)
+		v, err = lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, &h.acqDoubt, late)
 	}
 	if err != nil {
 		h.acqDoubt = true // it may yet run, with the lock's TTL

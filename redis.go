@@ -144,29 +144,48 @@ const pipelineAbove = 8
 
 // runLine runs a prepared command line of script s. If the caller's ctx
 // ends before the reply, late (if not nil) gets the reply when it comes.
-// Urgent calls (a hand-off is waiting on them) skip the pipeliner; once:
-// see onceCmd.
-func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent, once bool, late func(any, error)) (any, error) {
+// Urgent calls (a hand-off is waiting on them) skip the pipeliner. A call
+// without doubt is sent once (see onceCmd): its caller resends it. One with
+// doubt is resent after a failure as go-redis would: by go-redis itself on
+// a pooled connection, by runLine through the pipeliner (which sends every
+// call once, see submit), and then *doubt is set, for a send whose outcome
+// is unknown may yet run.
+func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent bool, doubt *bool, late func(any, error)) (any, error) {
 	// Calls go straight to a pooled connection unless many are in flight:
 	// batching saves system calls only when there are round trips to
 	// share, and costs every call a hop through the pipeliner's goroutine.
 	n := c.inflight.Add(1)
 	defer c.inflight.Add(-1)
 	if n > pipelineAbove && c.ap != nil && !urgent {
-		v, err := c.submit(ctx, args, late)
-		if err != nil && isNoScript(err) {
-			// Load it (on every shard of a cluster) and send it again.
-			if lerr := c.rdb.ScriptLoad(ctx, s.src).Err(); lerr != nil {
-				return nil, lerr
-			}
-			v, err = c.submit(ctx, args, late)
+		v, err := c.pipelined(ctx, s, args, late)
+		if err != nil && doubt != nil {
+			// Ask again with the same line, as on a pooled connection (an
+			// acquire that ran finds the lock its token's).
+			v, err = resend(ctx, v, err, func(error) { *doubt = true }, func() (any, error) { return c.pipelined(ctx, s, args, late) })
 		}
 		return v, err
 	}
+	once := doubt == nil
 	if c.ctxAware || ctx.Done() == nil {
 		return s.do(ctx, c.rdb, args, once) // as aside would, without making its closure
 	}
 	return c.aside(ctx, func(ctx context.Context) (any, error) { return s.do(ctx, c.rdb, args, once) }, late)
+}
+
+// pipelined runs a prepared command line of script s on the client's
+// autopipeliner (see submit), loading s on NOSCRIPT.
+func (c *Client) pipelined(ctx context.Context, s *script, args []any, late func(any, error)) (any, error) {
+	v, err := c.submit(ctx, args, late)
+	if err != nil && isNoScript(err) {
+		// Load it (on every shard of a cluster) and send it again. The
+		// load goes on a pooled connection: aside, so that a server that
+		// stops answering does not hold the caller past ctx.
+		if _, lerr := c.aside(ctx, func(ctx context.Context) (any, error) { return nil, c.rdb.ScriptLoad(ctx, s.src).Err() }, nil); lerr != nil {
+			return nil, lerr
+		}
+		v, err = c.submit(ctx, args, late)
+	}
+	return v, err
 }
 
 // submit runs one prepared command line on the client's deferred
@@ -178,8 +197,8 @@ func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent, onc
 // go-redis's autopipeliner splits a batch where the retry policy changes and
 // keeps commands that must not be resent out of its fastest path, which
 // costs every call of a batch that mixes them (a quarter of the throughput
-// with only releases marked). An acquire whose outcome is unknown is asked
-// again by the engine itself, with the same token.
+// with only releases marked). The engine resends what go-redis would have
+// (runLine: an acquire, with the same token; holding.release: a release).
 func (c *Client) submit(ctx context.Context, args []any, late func(any, error)) (any, error) {
 	cmd := redis.NewCmd(ctx, args...)
 	f := c.ap.Submit(ctx, onceCmd{cmd})
@@ -259,7 +278,7 @@ func contextAware(rdb redis.UniversalClient) bool {
 func (c *Client) releaseCall(ctx context.Context, h *holding) (any, error) {
 	args := h.cmd.release()
 	if !h.contended {
-		return c.runLine(ctx, h.cmd.relScript, args, false, true, nil)
+		return c.runLine(ctx, h.cmd.relScript, args, false, nil, nil)
 	}
 	c.inflight.Add(1)
 	defer c.inflight.Add(-1)
