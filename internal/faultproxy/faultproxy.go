@@ -266,22 +266,33 @@ func (p *Proxy) accept() {
 // connection ends.
 func (p *Proxy) serve(client net.Conn) {
 	defer p.wg.Done()
-	d := net.Dialer{Timeout: dialTimeout}
-	server, err := d.DialContext(p.ctx, "tcp", p.target)
-	if err != nil {
-		reset(client)
-		return
-	}
-	l := &link{conns: [2]net.Conn{client, server}, done: make(chan struct{})}
+	// Registered before the dial, so that ResetAll and Close reach a
+	// connection whose target is still being dialled.
+	l := &link{done: make(chan struct{})}
+	l.conns[0] = client
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		reset(client)
-		reset(server)
 		return
 	}
 	p.links[l] = struct{}{}
 	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.links, l)
+		p.mu.Unlock()
+	}()
+	d := net.Dialer{Timeout: dialTimeout}
+	server, err := d.DialContext(p.ctx, "tcp", p.target)
+	if err != nil {
+		l.abort(true)
+		return
+	}
+	if !l.attach(server) {
+		reset(server) // aborted during the dial
+		return
+	}
 
 	up := &pipe{p: p, l: l, dir: 0, src: client, dst: server, notify: make(chan struct{}, 1)}
 	down := &pipe{p: p, l: l, dir: 1, src: server, dst: client, notify: make(chan struct{}, 1)}
@@ -293,9 +304,6 @@ func (p *Proxy) serve(client net.Conn) {
 	}
 	wg.Wait()
 	l.abort(false) // both ends delivered, or already aborted: close what is left
-	p.mu.Lock()
-	delete(p.links, l)
-	p.mu.Unlock()
 }
 
 // reset closes c with a reset (RST) rather than a FIN.
@@ -309,24 +317,44 @@ func reset(c net.Conn) {
 // link is one proxied connection: the accepted client conn and the conn to
 // the target.
 type link struct {
-	conns [2]net.Conn // client, server
-	once  sync.Once
-	done  chan struct{} // closed by abort
+	mu      sync.Mutex
+	conns   [2]net.Conn // client, server (nil while it is dialled)
+	aborted bool
+	done    chan struct{} // closed by abort
 }
 
-// abort closes both conns (with a reset if rst), which ends the readers,
-// and tells the writers to stop.
+// attach sets the server conn, unless the link was aborted meanwhile.
+func (l *link) attach(server net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.aborted {
+		return false
+	}
+	l.conns[1] = server
+	return true
+}
+
+// abort closes the conns (with a reset if rst), which ends the readers,
+// and tells the writers to stop. Only the first call does anything.
 func (l *link) abort(rst bool) {
-	l.once.Do(func() {
-		close(l.done)
-		for _, c := range l.conns {
-			if rst {
-				reset(c)
-			} else {
-				_ = c.Close()
-			}
+	l.mu.Lock()
+	if l.aborted {
+		l.mu.Unlock()
+		return
+	}
+	l.aborted = true
+	conns := l.conns
+	l.mu.Unlock()
+	close(l.done)
+	for _, c := range conns {
+		switch {
+		case c == nil:
+		case rst:
+			reset(c)
+		default:
+			_ = c.Close()
 		}
-	})
+	}
 }
 
 // chunk is what one read returned, or the end of the stream (eof, with
