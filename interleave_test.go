@@ -351,8 +351,11 @@ func (w *interleaving) run() {
 	// Waiters in line at Redis are handed the lock by the release that frees
 	// it, and told so by message: most grants of a Fair mutex, an RWMutex
 	// or a Semaphore under contention come that way, even with these faults.
-	// A line that took its waiters for dead would hand over none.
-	if w.kind != "mutex" && heard < uint64(w.grants/4) {
+	// A line that took its waiters for dead would hand over none. The bound
+	// is low: a seed whose profile weighs server pauses and subscription
+	// faults heavily makes few grants, and fewer of them heard (7 of 35 in
+	// one 3 s run of rw).
+	if w.kind != "mutex" && heard < uint64(w.grants/10) {
 		t.Errorf("only %d of %d grants were hand-overs heard by a waiter in line", heard, w.grants)
 	}
 	for _, f := range w.fails {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dlock-go/dlock/internal/faultproxy"
 	"github.com/dlock-go/dlock/internal/redisproc"
 )
 
@@ -20,18 +22,62 @@ const SentinelMaster = "mymaster"
 type Replicated struct {
 	Primary, Replica *Server
 	Sentinels        []*Server
+	// Link is the fault proxy the replica replicates through (from
+	// StartReplicatedVia): hold, drop or reset it to cut the replication
+	// link. Nil when the replica connects to the primary directly.
+	Link *faultproxy.Proxy
 }
+
+// Failover timeouts the sentinels are given. A sentinel rewrites the
+// configuration of a replica that names a master at another address than
+// its own record (+fix-slave-config) once failover-timeout has passed
+// since it last saw that replica change: a replica that replicates through
+// Link would be pointed at the primary directly. So with a Link the
+// timeout is longer than any test; CrashPrimary shortens it while a
+// primary is down, which is when the sentinels vote (a split vote is
+// retried after twice the timeout) and when none of them rewrites a
+// replica (they do so only while the master looks sane).
+const (
+	failoverTimeout     = 3 * time.Second
+	failoverTimeoutLink = 10 * time.Minute
+)
 
 // StartReplicated starts topology R and waits until the replica is in sync
 // and every sentinel knows both servers and the other sentinels.
 func StartReplicated(t testing.TB) *Replicated {
 	t.Helper()
-	r := &Replicated{Primary: Start(t)}
-	r.Replica = Start(t, Options{Args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(r.Primary.Port())}})
+	return startReplicated(t, false)
+}
+
+// StartReplicatedVia starts topology R with the replica replicating
+// through a fault proxy, r.Link: the replica is started with --replicaof
+// the proxy's port, so the test can hold, drop or reset the replication
+// stream while clients and sentinels talk to both servers directly. The
+// replica announces its own port (REPLCONF listening-port), so the
+// sentinels list it, and promote it, at its real address.
+func StartReplicatedVia(t testing.TB) *Replicated {
+	t.Helper()
+	return startReplicated(t, true)
+}
+
+func startReplicated(t testing.TB, via bool) *Replicated {
+	t.Helper()
+	// Both servers may become the primary. A full sync starts at once
+	// rather than after Redis's default 5s wait for more replicas to come.
+	fast := []string{"--repl-diskless-sync-delay", "0"}
+	r := &Replicated{Primary: Start(t, Options{Args: fast})}
+	upstream := r.Primary.Port()
+	timeout := failoverTimeout
+	if via {
+		r.Link = startLink(t, r.Primary)
+		upstream, timeout = r.Link.Port(), failoverTimeoutLink
+	}
+	r.Replica = Start(t, Options{Args: append(fast, "--replicaof", "127.0.0.1", strconv.Itoa(upstream))})
 	r.Sentinels = Masters(t, 3, Options{Sentinel: true})
 	for _, s := range r.Sentinels {
 		s.Do(t, "SENTINEL", "MONITOR", SentinelMaster, "127.0.0.1", r.Primary.Port(), 2)
-		s.Do(t, "SENTINEL", "SET", SentinelMaster, "down-after-milliseconds", "1000", "failover-timeout", "3000")
+		s.Do(t, "SENTINEL", "SET", SentinelMaster, "down-after-milliseconds", "1000",
+			"failover-timeout", strconv.FormatInt(timeout.Milliseconds(), 10))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -51,6 +97,17 @@ func StartReplicated(t testing.TB) *Replicated {
 		_ = c.Close()
 	}
 	return r
+}
+
+// startLink starts a fault proxy to s, closed when the test ends.
+func startLink(t testing.TB, s *Server) *faultproxy.Proxy {
+	t.Helper()
+	p, err := faultproxy.Start(s.Addr())
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
 }
 
 // Addrs returns the sentinels' addresses.
@@ -75,22 +132,123 @@ func (r *Replicated) Client(t testing.TB) *redis.Client {
 // sentinel names it the primary and it accepts writes.
 func (r *Replicated) Failover(t testing.TB) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), topologyTimeout)
 	defer cancel()
 	r.Sentinels[0].Do(t, "SENTINEL", "FAILOVER", SentinelMaster)
+	r.awaitPromoted(t, ctx)
+	r.Primary, r.Replica = r.Replica, r.Primary
+}
+
+// CrashPrimary kills the primary with SIGKILL (whatever it had not yet
+// sent to the replica is lost with it) and waits, at most 30s, until the
+// sentinels have found it down (after down-after-milliseconds) and
+// promoted the replica on their own: every sentinel names the replica the
+// primary and it accepts writes. Then r.Primary is the promoted replica
+// and r.Replica the killed server, which Rejoin restarts. It returns how
+// long the promotion took, from the kill.
+func (r *Replicated) CrashPrimary(t testing.TB) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), topologyTimeout)
+	defer cancel()
+	start := time.Now()
+	r.Primary.Kill()
+	if r.Link != nil {
+		r.setFailoverTimeout(t, ctx, failoverTimeout, true)
+	}
+	r.awaitPromoted(t, ctx)
+	took := time.Since(start)
+	if r.Link != nil {
+		r.setFailoverTimeout(t, ctx, failoverTimeoutLink, false)
+	}
+	r.Primary, r.Replica = r.Replica, r.Primary
+	return took
+}
+
+// setFailoverTimeout gives every sentinel failover-timeout d; with
+// afterDown, each only once it has found the primary down or already
+// promoted the replica (see failoverTimeoutLink).
+func (r *Replicated) setFailoverTimeout(t testing.TB, ctx context.Context, d time.Duration, afterDown bool) {
+	t.Helper()
+	promoted := strconv.Itoa(r.Replica.Port())
+	for _, s := range r.Sentinels {
+		if afterDown {
+			c := s.client()
+			waitFor(t, ctx, "sentinel "+s.Addr()+" to find the primary down", func() bool {
+				m, err := c.Do(ctx, "SENTINEL", "MASTER", SentinelMaster).Result()
+				f := fields(m)
+				return err == nil && (strings.Contains(f["flags"], "s_down") || f["port"] == promoted)
+			})
+			_ = c.Close()
+		}
+		s.Do(t, "SENTINEL", "SET", SentinelMaster, "failover-timeout", strconv.FormatInt(d.Milliseconds(), 10))
+	}
+}
+
+// awaitPromoted waits until every sentinel names the replica the primary,
+// has had a reply to a PING from it since, and the replica has become one.
+//
+// The reply matters: a sentinel that switches to a new primary counts a
+// PING as pending from the switch on, but may send it only up to a second
+// later, so with down-after-milliseconds 1000 it can find the new primary
+// down for a moment. When every sentinel switched at once, that is a
+// quorum, and they would fail over again to any replica they have (a
+// rejoined old primary, say).
+func (r *Replicated) awaitPromoted(t testing.TB, ctx context.Context) {
+	t.Helper()
 	want := strconv.Itoa(r.Replica.Port())
 	for _, s := range r.Sentinels {
 		c := s.client()
-		waitFor(t, ctx, "sentinel "+s.Addr()+" to name the replica primary", func() bool {
-			a, err := c.Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SentinelMaster).StringSlice()
-			return err == nil && len(a) == 2 && a[1] == want
+		waitFor(t, ctx, "sentinel "+s.Addr()+" to name the replica primary and hear from it", func() bool {
+			m, err := c.Do(ctx, "SENTINEL", "MASTER", SentinelMaster).Result()
+			f := fields(m)
+			return err == nil && f["port"] == want && f["flags"] == "master" && f["last-ping-sent"] == "0"
 		})
 		_ = c.Close()
 	}
 	waitFor(t, ctx, "the promoted replica to be a primary", func() bool {
 		return redisproc.InfoField(r.Replica.info(ctx), "role") == "master"
 	})
-	r.Primary, r.Replica = r.Replica, r.Primary
+}
+
+// Rejoin restarts the server CrashPrimary killed (r.Replica), empty, as a
+// replica of r.Primary (through a new r.Link when the topology has one),
+// and waits until it is in sync and every sentinel lists it as a replica
+// that is up.
+func (r *Replicated) Rejoin(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), topologyTimeout)
+	defer cancel()
+	r.Replica.Restart(t)
+	upstream := r.Primary.Port()
+	if r.Link != nil {
+		_ = r.Link.Close()
+		r.Link = startLink(t, r.Primary)
+		upstream = r.Link.Port()
+	}
+	// At once: a sentinel turns a server it knows as a replica and finds a
+	// master into a replica of the primary directly, a few seconds later.
+	r.Replica.Do(t, "REPLICAOF", "127.0.0.1", upstream)
+	waitFor(t, ctx, "the rejoined replica to sync", func() bool {
+		return redisproc.InfoField(r.Replica.info(ctx), "master_link_status") == "up"
+	})
+	port := strconv.Itoa(r.Replica.Port())
+	for _, s := range r.Sentinels {
+		c := s.client()
+		waitFor(t, ctx, "sentinel "+s.Addr()+" to list the rejoined replica", func() bool {
+			reps, err := c.Do(ctx, "SENTINEL", "REPLICAS", SentinelMaster).Slice()
+			if err != nil {
+				return false
+			}
+			for _, rep := range reps {
+				f := fields(rep)
+				if f["port"] == port {
+					return f["flags"] == "slave" // answering, not down
+				}
+			}
+			return false
+		})
+		_ = c.Close()
+	}
 }
 
 func (s *Server) client() *redis.Client {
