@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -233,4 +234,60 @@ func TestFault5WithReplicaAck(t *testing.T) {
 		}
 	}
 	t.Logf("%d rounds: %d refused, %d granted and ended before the second grant", rounds, refused, granted)
+}
+
+// TestFault6IsolatedPrimary is fault 6 on topology R: the primary is cut
+// off from its replica (both ways of the replication link held) while a
+// Client still reaches it. With min-replicas-to-write 1 and
+// min-replicas-max-lag 1 on the server, every attempt errors once the
+// replica's last acknowledgement is older than the lag bound, and none is
+// reported as acquired; with WithReplicaAck every grant fails closed from
+// the start, without waiting for the lag bound.
+func TestFault6IsolatedPrimary(t *testing.T) {
+	r := redistest.StartReplicatedVia(t)
+	ctx := ctxT(t, 60*time.Second)
+	r.Primary.Do(t, "CONFIG", "SET", "min-replicas-to-write", "1", "min-replicas-max-lag", "1")
+	plain := dlock.New(r.Client(t))
+	t.Cleanup(func() { _ = plain.Close() })
+	acked := dlock.New(r.Client(t), dlock.WithReplicaAck(1, 200*time.Millisecond))
+	t.Cleanup(func() { _ = acked.Close() })
+	l, err := plain.Mutex("before").TryLock(ctx)
+	if err != nil {
+		t.Fatalf("before the cut: %v", err)
+	}
+	_ = l.Unlock(ctx)
+
+	r.Link.Hold(faultproxy.Both)
+	cut := time.Now()
+	if _, err := acked.Mutex("acked").TryLock(ctx); !errors.Is(err, dlock.ErrNotReplicated) {
+		t.Fatalf("with WithReplicaAck, right after the cut: %v, want ErrNotReplicated", err)
+	}
+	// Without it, grants go on until the lag bound, then stop for good.
+	var refusedAt time.Time
+	for i := 0; ; i++ {
+		name := fmt.Sprintf("plain-%d", i)
+		l, err := plain.Mutex(name).TryLock(ctx)
+		switch {
+		case err == nil:
+			if !refusedAt.IsZero() {
+				t.Fatalf("%s granted %v after the cut, once the server had refused writes", name, time.Since(cut))
+			}
+			_ = l.Unlock(ctx)
+		case errors.Is(err, dlock.ErrNotObtained):
+			t.Fatalf("%s: %v: nobody holds it", name, err)
+		case !strings.Contains(err.Error(), "NOREPLICAS"):
+			t.Fatalf("%s: %v, want the server's NOREPLICAS", name, err)
+		case refusedAt.IsZero():
+			refusedAt = time.Now()
+			t.Logf("writes refused %v after the cut: %v", refusedAt.Sub(cut).Round(time.Millisecond), err)
+		}
+		if !refusedAt.IsZero() && time.Since(refusedAt) > 2*time.Second {
+			break
+		}
+		if time.Since(cut) > 10*time.Second {
+			t.Fatalf("grants still made 10s after the cut, with a lag bound of 1s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.Link.Release(faultproxy.Both)
 }
