@@ -140,7 +140,9 @@ func TestFault5DoubleGrantWithoutReplicaAck(t *testing.T) {
 // many (default 3, one of each moment; make chaos runs more), DLOCK_SEED
 // replays a run.
 func TestFault5WithReplicaAck(t *testing.T) {
-	const ttl = 2 * time.Second
+	// Longer than a promotion takes (about 3s): a lease granted before the
+	// cut is still held when the replica is promoted with it.
+	const ttl = 5 * time.Second
 	rounds := 3
 	if v := os.Getenv("DLOCK_FAILOVER_ROUNDS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -167,7 +169,7 @@ func TestFault5WithReplicaAck(t *testing.T) {
 		first := dlock.New(r.Client(t), dlock.WithReplicaAck(1, 300*time.Millisecond))
 		second := dlock.New(r.Client(t))
 		moment := (round + int(seed%3)) % 3 // each moment once in three rounds
-		delay := time.Duration(rng.Int64N(int64(3 * time.Millisecond)))
+		delay := time.Duration(rng.Int64N(int64(8 * time.Millisecond)))
 		held := make(chan struct{})
 		switch moment {
 		case 0:
