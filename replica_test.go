@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faultproxy"
 	"github.com/dlock-go/dlock/internal/redistest"
 )
 
@@ -19,8 +20,22 @@ import (
 // both.
 func primaryAndReplica(t testing.TB) (p, r *redistest.Server, pc, rc *redis.Client) {
 	t.Helper()
+	p, r, pc, rc, _ = primaryAndReplicaVia(t)
+	return p, r, pc, rc
+}
+
+// primaryAndReplicaVia is primaryAndReplica with the replication link
+// through a fault proxy, which it returns too: the test can hold the
+// primary's stream back from the replica while both keep answering.
+func primaryAndReplicaVia(t testing.TB) (p, r *redistest.Server, pc, rc *redis.Client, link *faultproxy.Proxy) {
+	t.Helper()
 	p = redistest.Start(t)
-	r = redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(p.Port())}})
+	link, err := faultproxy.Start(p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = link.Close() })
+	r = redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(link.Port())}})
 	pc, rc = p.Client(t), r.Client(t)
 	ctx := ctxT(t, 20*time.Second)
 	waitFor(t, ctx, "the replica to sync", func() bool {
@@ -31,7 +46,7 @@ func primaryAndReplica(t testing.TB) (p, r *redistest.Server, pc, rc *redis.Clie
 		s, _ := pc.Info(ctx, "replication").Result()
 		return strings.Contains(s, "connected_slaves:1")
 	})
-	return p, r, pc, rc
+	return p, r, pc, rc, link
 }
 
 // TestReplicaAckGrantIsOnTheReplica: with WithReplicaAck(1, ...) every grant
