@@ -139,7 +139,7 @@ type interleaving struct {
 	replica      *redistest.Server
 	replicaPlain *redis.Client
 	link         *faultproxy.Proxy
-	prof  ilProfile
+	prof         ilProfile
 
 	slots  []atomic.Pointer[ilClient] // the Clients the workers use, replaced as they close
 	gen    atomic.Int64               // Clients made so far

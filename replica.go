@@ -43,7 +43,7 @@ type ackConfig struct {
 // every replica Sentinel or Cluster may promote has confirmed (n = all
 // replicas), and see docs/SAFETY.md.
 //
-// n must be at least 1 and timeout at least a millisecond and shorter than
+// n must be at least 1 and timeout at least a millisecond and at most half
 // the go-redis client's ReadTimeout (WAIT blocks the connection for up to
 // timeout); otherwise every lock call returns ErrInvalidArgument. It works
 // with a Client, a failover (Sentinel) client and a ClusterClient (WAIT
@@ -75,8 +75,10 @@ func (a *ackConfig) check(rdb redis.UniversalClient) {
 		a.err = invalidf("WithReplicaAck: a %T is not supported: use a Client, a failover client or a ClusterClient", rdb)
 		return
 	}
-	if read > 0 && a.timeout >= read {
-		a.err = invalidf("WithReplicaAck: timeout %v: must be shorter than the Redis client's ReadTimeout (%v), or the client gives up on WAIT first", a.timeout, read)
+	if read > 0 && a.timeout > read/2 {
+		// The read deadline covers the script's reply as well as WAIT's,
+		// and go-redis resends a pipeline whose read timed out.
+		a.err = invalidf("WithReplicaAck: timeout %v: must be at most half the Redis client's ReadTimeout (%v), or the client may give up on WAIT first", a.timeout, read)
 	}
 }
 

@@ -196,6 +196,9 @@ func TestReplicaAckFailsClosed(t *testing.T) {
 	}
 	_, err = handed()
 	notReplicated("hand-over", err)
+	if !strings.Contains(err.Error(), "hand-over: 0 of 1") {
+		t.Fatalf("hand-over: %v, want the error to say it was the hand-over", err)
+	}
 	waitFor(t, ctx, "the handed lock to be given back", func() bool {
 		o, _ := pc.HGet(ctx, "dlock:{b}", "o").Result()
 		return o == ""
@@ -248,7 +251,7 @@ func TestReplicaAckBadSettings(t *testing.T) {
 	}{
 		{s.Client(t), dlock.WithReplicaAck(0, time.Second), "0 replicas: must be at least 1"},
 		{s.Client(t), dlock.WithReplicaAck(1, 0), "timeout 0s: must be at least 1ms"},
-		{s.Client(t), dlock.WithReplicaAck(1, 5*time.Second), "must be shorter than the Redis client's ReadTimeout (5s)"},
+		{s.Client(t), dlock.WithReplicaAck(1, 2600*time.Millisecond), "must be at most half the Redis client's ReadTimeout (5s)"},
 		{ring, dlock.WithReplicaAck(1, time.Second), "*redis.Ring is not supported"},
 	} {
 		c := dlock.New(tc.rdb, tc.opt)
