@@ -120,7 +120,7 @@ func interleavings(t *testing.T, test string, ack bool) {
 }
 
 // ilReplicaWait is how long grants wait for the replica's confirmation.
-const ilReplicaWait = 300 * time.Millisecond
+const ilReplicaWait = 100 * time.Millisecond
 
 // interleaving is one run: one lock name, one server, its Clients and what
 // the run has seen.
