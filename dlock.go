@@ -83,8 +83,11 @@
 // running after someone else obtained the lock. Its Lease.Context has ended
 // by then, but only a resource that checks Lease.Fence can reject its late
 // writes; use fences for anything that must never see a stale writer. A
-// failover can lose a lock that had not reached the replica, and a server
-// clock that jumps forward expires locks early.
+// failover can lose a lock that had not reached the replica (unless the
+// Client is made WithReplicaAck, which makes every grant wait for replicas
+// and fail closed with ErrNotReplicated without them; a replica that
+// confirmed can still fail itself), and a server clock that jumps forward
+// expires locks early.
 package dlock
 
 import (
@@ -169,6 +172,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
+	cfg.ack.check(rdb)
 	bg, stop := context.WithCancel(context.Background())
 	c := &Client{
 		rdb:      rdb,

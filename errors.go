@@ -25,6 +25,11 @@ var (
 	// ErrForeignKey means the Redis key a lock name maps to already holds
 	// something that is not a dlock lock of this kind; dlock never overwrites it.
 	ErrForeignKey = errors.New("dlock: key is not a dlock lock")
+	// ErrNotReplicated means fewer replicas than WithReplicaAck asks for
+	// confirmed a grant or an extension in time: the grant was undone (the
+	// lock is not held), or the extension does not count (the lease keeps
+	// its earlier deadline). The message says how many confirmed.
+	ErrNotReplicated = errors.New("dlock: not replicated")
 )
 
 // prefix begins every error message of the package, once: an error that

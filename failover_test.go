@@ -3,6 +3,11 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,8 +24,8 @@ import (
 // Client is granted the same lock while the first lease still believes it
 // is valid. This is the documented limit without replica acknowledgement
 // (Redis replicates asynchronously and the lock was granted without
-// waiting for a replica); a later option, waiting for the replica before
-// telling the holder, will make the first grant fail closed instead.
+// waiting for a replica); with WithReplicaAck the first grant fails closed
+// instead (TestFault5WithReplicaAck).
 //
 // It is made deterministic, not a race: the replication link is held (a
 // proxy keeps the primary's stream from the replica, losing nothing,
@@ -121,4 +126,170 @@ func TestFault5DoubleGrantWithoutReplicaAck(t *testing.T) {
 	if err := l1.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
 		t.Fatalf("the first lease's Unlock = %v, want ErrLockLost", err)
 	}
+}
+
+// TestFault5WithReplicaAck is fault 5 with WithReplicaAck(1, ...): the
+// replication link is held, at a moment a seed draws, before the first
+// Client's Lock, while it is on the wire, or after it returned; then the
+// primary is killed, the sentinels promote the replica, and a second Client
+// takes the lock on it. The first lease, if it was granted at all, must
+// have ended (by its own deadline) before the second grant was sent: with
+// the link held before the grant, its Lock fails with ErrNotReplicated
+// instead of reproducing TestFault5DoubleGrantWithoutReplicaAck's double
+// grant. Each round fails the primary over; DLOCK_FAILOVER_ROUNDS sets how
+// many (default 3, one of each moment; make chaos runs more), DLOCK_SEED
+// replays a run.
+func TestFault5WithReplicaAck(t *testing.T) {
+	// Longer than a promotion takes (about 3s): a lease granted before the
+	// cut is still held when the replica is promoted with it.
+	const ttl = 5 * time.Second
+	rounds := 3
+	if v := os.Getenv("DLOCK_FAILOVER_ROUNDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			t.Fatalf("DLOCK_FAILOVER_ROUNDS=%q: want a positive number", v)
+		}
+		rounds = n
+	}
+	seed := rand.Uint64N(1 << 40)
+	if v := os.Getenv("DLOCK_SEED"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("DLOCK_SEED=%q: want a number", v)
+		}
+		seed = n
+	}
+	t.Logf("seed %d (replay: DLOCK_SEED=%d DLOCK_FAILOVER_ROUNDS=%d go test -race -count=1 -run '^TestFault5WithReplicaAck$' .)", seed, seed, rounds)
+	rng := rand.New(rand.NewPCG(seed, 5))
+	r := redistest.StartReplicatedVia(t)
+	ctx := ctxT(t, time.Duration(rounds)*60*time.Second)
+	refused, granted := 0, 0
+	for round := range rounds {
+		name := fmt.Sprintf("fault5-ack-%d", round)
+		first := dlock.New(r.Client(t), dlock.WithReplicaAck(1, 300*time.Millisecond))
+		second := dlock.New(r.Client(t))
+		moment := (round + int(seed%3)) % 3 // each moment once in three rounds
+		delay := time.Duration(rng.Int64N(int64(8 * time.Millisecond)))
+		held := make(chan struct{})
+		switch moment {
+		case 0:
+			r.Link.Hold(faultproxy.Downstream)
+			close(held)
+		case 1:
+			go func() {
+				time.Sleep(delay)
+				r.Link.Hold(faultproxy.Downstream)
+				close(held)
+			}()
+		}
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		l1, err := first.Mutex(name, dlock.TTL(ttl)).Lock(lctx)
+		cancel()
+		if moment == 2 {
+			r.Link.Hold(faultproxy.Downstream)
+			close(held)
+		}
+		<-held
+		switch {
+		case err == nil:
+			granted++
+		case errors.Is(err, dlock.ErrNotReplicated):
+			refused++
+		default:
+			t.Fatalf("round %d (moment %d, delay %v): Lock: %v", round, moment, delay, err)
+		}
+		if moment == 0 && err == nil {
+			t.Fatalf("round %d: granted with the replication link held before the Lock", round)
+		}
+
+		promotion := r.CrashPrimary(t)
+		promoted := time.Now()
+		var l2 *dlock.Lease
+		var sent2 time.Time
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			sent2 = time.Now()
+			l2, err = second.Mutex(name, dlock.TTL(ttl)).TryLock(ctx)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: no second grant 20s after the promotion: %v", round, err)
+			}
+			time.Sleep(20 * time.Millisecond) // retry; the 20s bound is what matters
+		}
+		if l1 != nil {
+			if l1.Context().Err() == nil {
+				t.Fatalf("round %d (moment %d, delay %v): double grant: the first lease is still believed valid at the second grant (%s)", round, moment, delay, dlock.Describe(l1))
+			}
+			if d := dlock.Deadline(l1); !d.Before(sent2) {
+				t.Fatalf("round %d (moment %d, delay %v): double grant: the first lease was believed valid until %v after the second grant was sent", round, moment, delay, d.Sub(sent2))
+			}
+		}
+		t.Logf("round %d: moment %d (delay %v): first %v; promoted %v after the kill; second grant sent %v after that",
+			round, moment, delay, map[bool]string{true: "granted", false: "refused"}[l1 != nil], promotion.Round(time.Millisecond), sent2.Sub(promoted).Round(time.Millisecond))
+		_ = l2.Unlock(ctx)
+		_ = first.Close()
+		_ = second.Close()
+		if round < rounds-1 {
+			r.Rejoin(t)
+		}
+	}
+	t.Logf("%d rounds: %d refused, %d granted and ended before the second grant", rounds, refused, granted)
+}
+
+// TestFault6IsolatedPrimary is fault 6 on topology R: the primary is cut
+// off from its replica (both ways of the replication link held) while a
+// Client still reaches it. With min-replicas-to-write 1 and
+// min-replicas-max-lag 1 on the server, every attempt errors once the
+// replica's last acknowledgement is older than the lag bound, and none is
+// reported as acquired; with WithReplicaAck every grant fails closed from
+// the start, without waiting for the lag bound.
+func TestFault6IsolatedPrimary(t *testing.T) {
+	r := redistest.StartReplicatedVia(t)
+	ctx := ctxT(t, 60*time.Second)
+	r.Primary.Do(t, "CONFIG", "SET", "min-replicas-to-write", "1", "min-replicas-max-lag", "1")
+	plain := dlock.New(r.Client(t))
+	t.Cleanup(func() { _ = plain.Close() })
+	acked := dlock.New(r.Client(t), dlock.WithReplicaAck(1, 200*time.Millisecond))
+	t.Cleanup(func() { _ = acked.Close() })
+	l, err := plain.Mutex("before").TryLock(ctx)
+	if err != nil {
+		t.Fatalf("before the cut: %v", err)
+	}
+	_ = l.Unlock(ctx)
+
+	r.Link.Hold(faultproxy.Both)
+	cut := time.Now()
+	if _, err := acked.Mutex("acked").TryLock(ctx); !errors.Is(err, dlock.ErrNotReplicated) {
+		t.Fatalf("with WithReplicaAck, right after the cut: %v, want ErrNotReplicated", err)
+	}
+	// Without it, grants go on until the lag bound, then stop for good.
+	var refusedAt time.Time
+	for i := 0; ; i++ {
+		name := fmt.Sprintf("plain-%d", i)
+		l, err := plain.Mutex(name).TryLock(ctx)
+		switch {
+		case err == nil:
+			if !refusedAt.IsZero() {
+				t.Fatalf("%s granted %v after the cut, once the server had refused writes", name, time.Since(cut))
+			}
+			_ = l.Unlock(ctx)
+		case errors.Is(err, dlock.ErrNotObtained):
+			t.Fatalf("%s: %v: nobody holds it", name, err)
+		case !strings.Contains(err.Error(), "NOREPLICAS"):
+			t.Fatalf("%s: %v, want the server's NOREPLICAS", name, err)
+		case refusedAt.IsZero():
+			refusedAt = time.Now()
+			t.Logf("writes refused %v after the cut: %v", refusedAt.Sub(cut).Round(time.Millisecond), err)
+		}
+		if !refusedAt.IsZero() && time.Since(refusedAt) > 2*time.Second {
+			break
+		}
+		if time.Since(cut) > 10*time.Second {
+			t.Fatalf("grants still made 10s after the cut, with a lag bound of 1s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.Link.Release(faultproxy.Both)
 }

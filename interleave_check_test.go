@@ -199,27 +199,23 @@ func (w *interleaving) checkRedis() {
 	w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	keys := wire.KeysOf(wire.DefaultPrefix, w.name)
 	read := w.now()
-	var owner string
-	var holders map[string]float64
-	if w.kind == "mutex" || w.kind == "fair" {
-		owner, _ = w.plain.HGet(ctx, keys.Hash, wire.FieldOwner).Result()
-	} else {
-		now, err := w.plain.Time(ctx).Result()
+	owner, holders, err := w.holdersAt(ctx, w.plain)
+	if err != nil {
+		w.t.Error(err)
+		return
+	}
+	// With replica acknowledgement every lease believed valid was
+	// confirmed by the replica: it must be there too, also while the
+	// chaos holds the replication stream back (read after the primary; a
+	// stopped replica answers once it resumes).
+	var rOwner string
+	var rHolders map[string]float64
+	if w.replica != nil {
+		rOwner, rHolders, err = w.holdersAt(ctx, w.replicaPlain)
 		if err != nil {
 			w.t.Error(err)
 			return
-		}
-		zs, err := w.plain.ZRangeByScoreWithScores(ctx, keys.Holders, &redis.ZRangeBy{
-			Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
-		if err != nil {
-			w.t.Error(err)
-			return
-		}
-		holders = map[string]float64{}
-		for _, z := range zs {
-			holders[z.Member.(string)] = z.Score
 		}
 	}
 	w.mu.Lock()
@@ -233,7 +229,39 @@ func (w *interleaving) checkRedis() {
 			w.failf("%v is believed valid, but Redis (read at %.3fs) names owner %q, live holders %v; the lease: %s; its Client's last faults: %v",
 				o, read.Seconds(), owner, holders, dlock.Describe(o.l), o.ic.in.Events(func(e faults.Event) bool { return e.At > read-2*time.Second }))
 		}
+		if w.replica != nil && (rHolders == nil && rOwner != tok || rHolders != nil && rHolders[tok] == 0) {
+			w.failf("%v is believed valid, but the replica (read after %.3fs) names owner %q, live holders %v: a failover now would lose it; the lease: %s",
+				o, read.Seconds(), rOwner, rHolders, dlock.Describe(o.l))
+		}
 	}
+}
+
+// holdersAt reads who holds the lock on the server rdb talks to: a
+// mutex's owner, or a semaphore's holdings whose lease has time left
+// (holders is nil for a mutex).
+func (w *interleaving) holdersAt(ctx context.Context, rdb *redis.Client) (owner string, holders map[string]float64, err error) {
+	keys := wire.KeysOf(wire.DefaultPrefix, w.name)
+	if w.kind == "mutex" || w.kind == "fair" {
+		owner, err = rdb.HGet(ctx, keys.Hash, wire.FieldOwner).Result()
+		if err == redis.Nil {
+			err = nil
+		}
+		return owner, nil, err
+	}
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		return "", nil, err
+	}
+	zs, err := rdb.ZRangeByScoreWithScores(ctx, keys.Holders, &redis.ZRangeBy{
+		Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
+	if err != nil {
+		return "", nil, err
+	}
+	holders = map[string]float64{}
+	for _, z := range zs {
+		holders[z.Member.(string)] = z.Score
+	}
+	return "", holders, nil
 }
 
 // expected fails the run for an error no fault explains.
@@ -244,6 +272,7 @@ func (w *interleaving) expected(err error, op string) {
 		errors.Is(err, dlock.ErrNotObtained),
 		errors.Is(err, dlock.ErrLockLost),
 		errors.Is(err, dlock.ErrClosed),
+		w.replica != nil && errors.Is(err, dlock.ErrNotReplicated),
 		errors.Is(err, context.Canceled),
 		errors.Is(err, context.DeadlineExceeded):
 		return

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faultproxy"
 	"github.com/dlock-go/dlock/internal/faults"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/dlock-go/dlock/internal/wire"
@@ -58,7 +59,21 @@ import (
 // failure prints the command that replays it; with DLOCK_EVENTS=1 it also
 // prints every fault injected, on the run's clock, with the tokens they
 // concern (leases are printed with theirs).
-func TestInterleavings(t *testing.T) {
+func TestInterleavings(t *testing.T) { interleavings(t, "TestInterleavings", false) }
+
+// TestInterleavingsReplicaAck is TestInterleavings on a primary with one
+// replica, every Client made WithReplicaAck(1, ...), the replica stopped
+// for a while now and then as well: besides every check of
+// TestInterleavings, every lease believed valid must be held on the
+// replica too, and calls fail with ErrNotReplicated rather than grant what
+// the replica has not confirmed.
+func TestInterleavingsReplicaAck(t *testing.T) {
+	interleavings(t, "TestInterleavingsReplicaAck", true)
+}
+
+// interleavings runs the interleaving test named test, on topology R with
+// replica acknowledgement if ack.
+func interleavings(t *testing.T, test string, ack bool) {
 	dur := 3 * time.Second
 	if v := os.Getenv("DLOCK_CHAOS"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -91,10 +106,10 @@ func TestInterleavings(t *testing.T) {
 					seed = rand.Uint64N(1 << 40)
 				}
 				t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-					w := newInterleaving(t, kind, seed, dur)
+					w := newInterleaving(t, kind, seed, dur, ack)
 					defer func() {
 						if t.Failed() {
-							t.Logf("replay: DLOCK_SEED=%d DLOCK_CHAOS=%v go test -race -count=1 -run 'TestInterleavings/%s/seed=%d$' .", seed, dur, kind, seed)
+							t.Logf("replay: DLOCK_SEED=%d DLOCK_CHAOS=%v go test -race -count=1 -run '%s/%s/seed=%d$' .", seed, dur, test, kind, seed)
 						}
 					}()
 					w.run()
@@ -103,6 +118,9 @@ func TestInterleavings(t *testing.T) {
 		})
 	}
 }
+
+// ilReplicaWait is how long grants wait for the replica's confirmation.
+const ilReplicaWait = 100 * time.Millisecond
 
 // interleaving is one run: one lock name, one server, its Clients and what
 // the run has seen.
@@ -116,7 +134,12 @@ type interleaving struct {
 	s     *redistest.Server
 	plain *redis.Client
 	epoch time.Time
-	prof  ilProfile
+	// With replica acknowledgement: s's replica, a client of it, and the
+	// proxy its replication link goes through.
+	replica      *redistest.Server
+	replicaPlain *redis.Client
+	link         *faultproxy.Proxy
+	prof         ilProfile
 
 	slots  []atomic.Pointer[ilClient] // the Clients the workers use, replaced as they close
 	gen    atomic.Int64               // Clients made so far
@@ -217,13 +240,12 @@ const (
 	ilMaxTTL  = 4000 // ms: the longest TTL a call asks for
 )
 
-func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration) *interleaving {
+func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration, ack bool) *interleaving {
 	w := &interleaving{
 		t: t, kind: kind, seed: seed, dur: dur,
 		// Every byte a name may hold must survive keys, entries and channels.
 		name:   "il," + kind + " {x}:\n\xff",
 		size:   ilSize,
-		s:      redistest.Start(t),
 		epoch:  time.Now(),
 		held:   map[*ilLease]struct{}{},
 		fences: map[uint64]bool{},
@@ -234,7 +256,13 @@ func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration) 
 	if spec := os.Getenv("DLOCK_CHAOS_PROFILE"); spec != "" {
 		w.prof.override(t, spec)
 	}
-	w.plain = w.s.Client(t)
+	if ack {
+		w.s, w.replica, w.plain, w.replicaPlain, w.link = primaryAndReplicaVia(t)
+	} else {
+		w.s = redistest.Start(t)
+		w.plain = w.s.Client(t)
+	}
+	w.epoch = time.Now()
 	w.slots = make([]atomic.Pointer[ilClient], ilClients)
 	for i := range w.slots {
 		w.slots[i].Store(w.newClient())
@@ -278,7 +306,11 @@ func (w *interleaving) newClient() *ilClient {
 	})
 	rdb := w.s.Client(t)
 	rdb.AddHook(in)
-	c := dlock.New(rdb, dlock.WithAutoPipeline(r.IntN(2) == 0))
+	opts := []dlock.Option{dlock.WithAutoPipeline(r.IntN(2) == 0)}
+	if w.replica != nil {
+		opts = append(opts, dlock.WithReplicaAck(1, ilReplicaWait))
+	}
+	c := dlock.New(rdb, opts...)
 	ic := &ilClient{gen: gen, c: c, in: in}
 	w.mu.Lock()
 	w.clients = append(w.clients, ic)
@@ -324,6 +356,13 @@ func (w *interleaving) run() {
 		defer chaos.Done()
 		w.chaos(rand.New(rand.NewPCG(w.seed, 999)), stop)
 	}()
+	if w.link != nil {
+		chaos.Add(1)
+		go func() {
+			defer chaos.Done()
+			w.replication(rand.New(rand.NewPCG(w.seed, 998)), stop)
+		}()
+	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); done <- struct{}{} }()
 	// Every call a worker makes is bounded (its ctx, or the Client's
@@ -426,6 +465,33 @@ func (w *interleaving) chaos(r *rand.Rand, stop <-chan struct{}) {
 	}
 }
 
+// replication troubles the replica of a run with replica acknowledgement
+// until stop: the primary's stream is held back from it (it still
+// answers, so checkRedis sees what it lacks), or it stops, for up to a
+// second at a time (longer than the wait for a confirmation, so that
+// calls end while it lasts), about half of the run in all.
+func (w *interleaving) replication(r *rand.Rand, stop <-chan struct{}) {
+	for i := 0; i < 1000; i++ { // bounded; the run's end stops it first
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(100+r.IntN(500)) * time.Millisecond):
+		}
+		d := time.Duration(10+r.IntN(1000)) * time.Millisecond
+		if r.IntN(4) == 0 {
+			w.replica.Pause()
+			time.Sleep(d)
+			w.replica.Resume()
+			w.count("replica pause")
+			continue
+		}
+		w.link.Hold(faultproxy.Downstream)
+		time.Sleep(d)
+		w.link.Release(faultproxy.Downstream)
+		w.count("replication held")
+	}
+}
+
 // round is one worker's turn: obtain the lock, hold it for a while doing
 // what a holder may, give it up.
 func (w *interleaving) round(r *rand.Rand, slot int) {
@@ -439,6 +505,9 @@ func (w *interleaving) round(r *rand.Rand, slot int) {
 		return
 	}
 	w.granted(me)
+	if w.replica != nil {
+		w.checkRedis() // at once: the replica must have what was confirmed
+	}
 	w.hold(r, me)
 	w.release(r, me)
 }

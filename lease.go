@@ -66,12 +66,18 @@ func (l *Lease) live() error {
 // outcome is unknown (an error from Redis), the extension counts as not
 // made, and the lease is believed to end no later than ttl from now.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	return l.extend(ctx, ttl, "extend")
+}
+
+// extend is Extend; what names it in an ErrNotReplicated (a hand-over
+// confirmed by an extension, see handedOver).
+func (l *Lease) extend(ctx context.Context, ttl time.Duration, what string) error {
 	h := l.h
 	if err := validTTL(ttl); err != nil {
 		return nameErr(h.lk.name, err)
 	}
 	ttl = wholeMillis(ttl)
-	v, err := l.ask(ctx, ttl, h.lk.proto.extend(h, formatMillis(ttl)))
+	v, err := l.ask(ctx, ttl, h.lk.proto.extend(h, formatMillis(ttl)), what)
 	if err != nil {
 		return err
 	}
@@ -86,7 +92,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // TTL returns how long the lease has left at Redis, or ErrLockLost.
 func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	h := l.h
-	ms, err := l.ask(ctx, 0, h.lk.proto.pttl(h))
+	ms, err := l.ask(ctx, 0, h.lk.proto.pttl(h), "")
 	if err != nil {
 		return 0, err
 	}
@@ -100,7 +106,7 @@ func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
 // ask sends one request about a live lease (extend, or pttl when ttl is 0)
 // and returns its integer reply. An extend that succeeds dates the lease
 // from its send; one whose outcome is unknown may have shortened it.
-func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call) (int64, error) {
+func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call, what string) (int64, error) {
 	h := l.h
 	if h.c.closed.Load() {
 		return 0, nameErr(h.lk.name, ErrClosed)
@@ -122,7 +128,17 @@ func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call) (int64, erro
 		// now on the lock may expire ttl after sent.
 		h.sending(sent, ttl)
 	}
-	v, err := h.c.eval(ctx, c)
+	var v any
+	var err error
+	if ttl > 0 && h.c.cfg.ack.on() {
+		v, err = h.c.evalAcked(ctx, c)
+	} else {
+		v, err = h.c.eval(ctx, c)
+	}
+	ack, acked := v.(ackedReply)
+	if acked {
+		v = ack.v
+	}
 	switch {
 	case isForeign(err):
 		h.lose("lock key overwritten by another value")
@@ -135,6 +151,13 @@ func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call) (int64, erro
 	}
 	n, _ := v.(int64)
 	if ttl > 0 && n == 1 {
+		if acked {
+			if err := h.c.cfg.ack.short(ack, what); err != nil {
+				// It ran, but a failover now could lose it: it does not count.
+				h.doubted(sent, ttl)
+				return 0, nameErr(h.lk.name, err)
+			}
+		}
 		h.extended(sent, ttl)
 	}
 	return n, nil

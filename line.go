@@ -153,8 +153,11 @@ func (lk *lock) handedOver(ctx context.Context, h *holding, lc *local, f uint64,
 	if h.raced(ctx) {
 		return nil, nameErr(lk.name, ErrClosed)
 	}
-	if !lk.renew && h.ttl > fairLiveness {
-		if err := h.first.Extend(ctx, h.ttl); err != nil {
+	if lk.c.cfg.ack.on() || (!lk.renew && h.ttl > fairLiveness) {
+		// The releaser's connection wrote the hand-over: an extension of
+		// our own, acknowledged after it, confirms it (see
+		// WithReplicaAck).
+		if err := h.first.extend(ctx, h.ttl, "hand-over"); err != nil {
 			// Pass the lock on rather than leave it to its short expiry.
 			h.unlockNow(ctx)
 			return nil, err

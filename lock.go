@@ -78,6 +78,8 @@ func (c *Client) initLock(l *lock, name, kind string, opts []LockOption) {
 		l.err = err
 	} else if err := validTTL(cfg.ttl); err != nil {
 		l.err = err
+	} else if err := c.cfg.ack.err; err != nil {
+		l.err = err
 	}
 }
 
@@ -186,16 +188,27 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 	}
 	r := look{sent: time.Now()}
 	h.contended = waited
-	v, err := lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, &h.acqDoubt, func(v any, err error) {
+	late := func(v any, err error) {
 		// The caller gave up before the reply: if it was a grant (or may
 		// have been), give the lock back rather than leave it to its TTL.
-		if a, ok := v.([]any); err != nil || (ok && len(a) >= 2 && a[0] == int64(1)) {
+		if a, ok := unwrapAcked(v).([]any); err != nil || (ok && len(a) >= 2 && a[0] == int64(1)) {
 			lk.abandon(context.Background(), h.token, ErrLockLost)
 		}
-	})
+	}
+	var v any
+	var err error
+	if lk.c.cfg.ack.on() {
+		v, err = lk.c.runAcked(ctx, h.cmd.acqScript, lk.hash, h.cmd.acquire(), late)
+	} else {
+		v, err = lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, &h.acqDoubt, late)
+	}
 	if err != nil {
 		h.acqDoubt = true // it may yet run, with the lock's TTL
 		return r, lk.kindErr(err)
+	}
+	ack, acked := v.(ackedReply)
+	if acked {
+		v = ack.v
 	}
 	a, ok := v.([]any)
 	if !ok || len(a) < 2 {
@@ -208,6 +221,13 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 		third, _ = a[2].(int64)
 	}
 	if got == 1 {
+		if acked {
+			if err := lk.c.cfg.ack.short(ack, "acquire"); err != nil {
+				// Fail closed: a failover now could give the lock again.
+				_ = lk.proto.giveBack(ctx, lk, h.token)
+				return r, err
+			}
+		}
 		r.ok, r.fence, r.already = true, uint64(n), third == 1
 		return r, nil
 	}
@@ -255,7 +275,7 @@ func (lk *lock) kindErr(err error) error {
 
 // permanent reports errors that retrying cannot cure.
 func permanent(err error) bool {
-	return errors.Is(err, ErrForeignKey) || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalidArgument)
+	return errors.Is(err, ErrForeignKey) || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrNotReplicated)
 }
 
 // fail wraps err for the caller; a ctx error comes out so that it errors.Is ctx.Err().

@@ -14,6 +14,8 @@ type clientConfig struct {
 	idle   time.Duration
 
 	autoPipeline bool
+
+	ack ackConfig // WithReplicaAck
 }
 
 func defaultClientConfig() clientConfig {

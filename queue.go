@@ -163,6 +163,9 @@ func (c *Client) passOn(h *holding) *pass {
 	if h.lk.fair || h.turnEnd == 0 {
 		return nil // Fair, semaphore and RWMutex holders keep the line's order
 	}
+	if c.cfg.ack.on() {
+		return nil // every grant goes through Redis, to be acknowledged
+	}
 	h.mu.Lock()
 	deadline := h.deadline
 	h.mu.Unlock()

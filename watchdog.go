@@ -202,9 +202,19 @@ func (c *Client) renew(batch []*holding, ttls []time.Duration) {
 	}
 	ctx, cancel := context.WithDeadline(c.bg, earliest)
 	defer cancel()
-	cmds := c.runExtends(ctx, batch, ttls)
+	var cmds []*redis.Cmd
+	var short []error
+	if c.cfg.ack.on() {
+		cmds, short = c.runExtendsAcked(ctx, c.extendCalls(batch, ttls))
+	} else {
+		cmds = c.runExtends(ctx, batch, ttls)
+	}
 	for i, h := range batch {
 		v, err := cmds[i].Int64()
+		if err == nil && v == 1 && short != nil && short[i] != nil {
+			// It ran, but a failover now could lose it: as if unknown.
+			err = short[i]
+		}
 		switch {
 		case err == nil && v == 1:
 			h.proved(sent, ttls[i])
@@ -223,10 +233,7 @@ func (c *Client) renew(batch []*holding, ttls []time.Duration) {
 // runExtends sends one extend per holding in a pipeline, loading the
 // scripts the server had lost and resending.
 func (c *Client) runExtends(ctx context.Context, batch []*holding, ttls []time.Duration) []*redis.Cmd {
-	calls := make([]call, len(batch))
-	for i, h := range batch {
-		calls[i] = h.lk.proto.extend(h, formatMillis(ttls[i]))
-	}
+	calls := c.extendCalls(batch, ttls)
 	send := func() []*redis.Cmd {
 		cmds := make([]*redis.Cmd, len(calls))
 		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -251,6 +258,15 @@ func (c *Client) runExtends(ctx context.Context, batch []*holding, ttls []time.D
 		cmds = send()
 	}
 	return cmds
+}
+
+// extendCalls are the extends of a renewal batch.
+func (c *Client) extendCalls(batch []*holding, ttls []time.Duration) []call {
+	calls := make([]call, len(batch))
+	for i, h := range batch {
+		calls[i] = h.lk.proto.extend(h, formatMillis(ttls[i]))
+	}
+	return calls
 }
 
 // dueHeap orders holdings by when the watchdog must next look at them.
