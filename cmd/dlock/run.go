@@ -109,6 +109,14 @@ and library callers using Fair) take a place in a line at Redis and the
 release hands the lock to the first of them that is still alive, in arrival
 order.
 
+On Redis with replicas (Sentinel, Cluster), --replica-ack N makes dlock
+start COMMAND only once N replicas have confirmed the grant (Redis WAIT,
+for at most --replica-ack-timeout), and count a renewal only once they have
+confirmed it: a failover right after the grant then cannot hand the lock to
+someone else while COMMAND runs (the library's WithReplicaAck). Without the
+confirmation dlock exits 69 and COMMAND does not run; renewals that keep
+going unconfirmed end the lease (exit 76).
+
 Examples:
 
   dlock run nightly-backup -- ./backup.sh --full
@@ -118,6 +126,7 @@ Examples:
   dlock run --conflict-exit-code 0 cron-report -- ./report   # skip silently when busy
   dlock run --quiet --wait 1m sync -- ./sync.sh              # exit 75 when busy, no message
   dlock run --leftovers wait build -- make -j8               # keep the lock for stragglers
+  dlock run --replica-ack 1 --redis redis+sentinel://s1:26379?master_name=main job -- ./job
 
 Exit codes:
 
@@ -126,7 +135,8 @@ Exit codes:
                      for SIGINT, SIGTERM, SIGHUP dlock dies of N itself
   64                 usage error
   69                 Redis cannot be reached (also when it stopped
-                     answering while --wait ran out)
+                     answering while --wait ran out), or fewer than
+                     --replica-ack replicas confirmed the grant
   75                 the lock is held elsewhere and was not obtained within
                      --wait (EX_TEMPFAIL; change with --conflict-exit-code;
                      with 0, or with --quiet, nothing is written to stderr)
@@ -155,6 +165,8 @@ type runFlags struct {
 	fair         bool
 	leftovers    string // leftoversKill or leftoversWait
 	passRedisURL bool
+	replicaAck   int           // --replica-ack: replicas that must confirm a grant; 0: none
+	ackTimeout   time.Duration // --replica-ack-timeout
 	command      []string
 }
 
@@ -201,6 +213,8 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 	fs.BoolVar(&f.fair, "fair", false, "first come, first served across all clients: wait in a line at Redis and be handed the lock in turn (the library's Fair)")
 	fs.StringVar(&f.leftovers, "leftovers", leftoversKill, "what to do, when COMMAND exits, with what it left running in its process group: `kill|wait` (kill: SIGTERM, then SIGKILL after --kill-grace; wait: keep the lock until it has exited, Linux)")
 	fs.BoolVar(&f.passRedisURL, "pass-redis-url", false, "pass $DLOCK_REDIS_URL to COMMAND even when it holds a password")
+	fs.IntVar(&f.replicaAck, "replica-ack", 0, "`replicas` that must confirm the grant and every renewal before they count (the library's WithReplicaAck); 0: none")
+	durationVar(fs, &f.ackTimeout, "replica-ack-timeout", time.Second, time.Millisecond, 2*time.Second, "500ms", "how long a grant or renewal waits for --replica-ack replicas, a `duration` (1ms..2s)")
 	if err := fs.Parse(args); err != nil {
 		help, err := usageOrHelp(err, fs, runUsage, stdout)
 		return f, help, err
@@ -218,6 +232,8 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 	switch {
 	case len(f.command) == 0:
 		return f, false, errors.New("missing the COMMAND to run (dlock run NAME [flags] -- COMMAND [ARGS...])")
+	case f.replicaAck < 0:
+		return f, false, fmt.Errorf("--replica-ack %d: want 0 (none) or a number of replicas", f.replicaAck)
 	case f.conflictCode < 0 || f.conflictCode > 255:
 		return f, false, fmt.Errorf("--conflict-exit-code %d is outside 0..255", f.conflictCode)
 	case f.leftovers != leftoversKill && f.leftovers != leftoversWait:
@@ -274,7 +290,11 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dlock run: %v\n", err)
 		return connectExitCode(err)
 	}
-	client := dlock.New(rdb, dlock.WithPrefix(f.prefix))
+	copts := []dlock.Option{dlock.WithPrefix(f.prefix)}
+	if f.replicaAck > 0 {
+		copts = append(copts, dlock.WithReplicaAck(f.replicaAck, f.ackTimeout))
+	}
+	client := dlock.New(rdb, copts...)
 	defer closeWithin(runCloseTimeout, client.Close, rdb.Close)
 
 	opts := []dlock.LockOption{dlock.TTL(f.ttl)}
@@ -368,6 +388,9 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, rdb redis.Univers
 	case errors.Is(err, dlock.ErrInvalidArgument):
 		fmt.Fprintf(stderr, "dlock run: %s (see dlock run -h)\n", libText(err))
 		return nil, exitUsage
+	case errors.Is(err, dlock.ErrNotReplicated):
+		fmt.Fprintf(stderr, "dlock run: %s; COMMAND not run\n", libText(err))
+		return nil, exitUnavailable
 	case errors.Is(err, dlock.ErrForeignKey):
 		fmt.Fprintf(stderr, "dlock run: lock %q: %s\n", f.name, whatKeyIs(ctx, rdb, f.prefix, f.name, aboutLock(err, f.name)))
 		return nil, exitFailed

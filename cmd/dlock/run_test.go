@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -326,4 +327,43 @@ func TestRunSignalAfterLostLease(t *testing.T) {
 	}
 	p.signal(syscall.SIGTERM)
 	p.killedBy(syscall.SIGTERM)
+}
+
+// dlock run --replica-ack N starts COMMAND only once N replicas confirmed
+// the grant; with the replica stopped it exits 69, COMMAND does not run and
+// the lock is left free.
+func TestRunReplicaAck(t *testing.T) {
+	t.Parallel()
+	p := redistest.Start(t)
+	r := redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(p.Port())}})
+	rc := r.Client(t)
+	deadline := time.Now().Add(procTimeout)
+	for {
+		info, _ := rc.Info(context.Background(), "replication").Result()
+		if strings.Contains(info, "master_link_status:up") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica did not sync within %v", procTimeout)
+		}
+		time.Sleep(pollEvery)
+	}
+	code, out, errOut := runDlock(t, p.Addr(), "run", "--replica-ack", "1", "acked", "--", "sh", "-c", "echo ran")
+	if code != 0 || !strings.Contains(out, "ran") {
+		t.Fatalf("replica up: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	r.Pause()
+	t.Cleanup(r.Resume)
+	code, out, errOut = runDlock(t, p.Addr(), "run", "--replica-ack", "1", "--replica-ack-timeout", "200ms", "acked", "--", "sh", "-c", "echo ran")
+	if code != exitUnavailable || strings.Contains(out, "ran") || !strings.Contains(errOut, "0 of 1 replicas confirmed within 200ms") || !strings.Contains(errOut, "COMMAND not run") {
+		t.Fatalf("replica stopped: exit %d (want %d), stdout %q, stderr %q", code, exitUnavailable, out, errOut)
+	}
+	oneLine(t, "stderr", errOut)
+	if o, _ := p.Client(t).HGet(context.Background(), "dlock:{acked}", "o").Result(); o != "" {
+		t.Fatalf("the lock is left owned by %q", o)
+	}
+	code, _, errOut = runDlock(t, p.Addr(), "run", "--replica-ack", "-1", "acked", "--", "true")
+	if code != exitUsage || !strings.Contains(errOut, "--replica-ack -1") {
+		t.Fatalf("--replica-ack -1: exit %d, stderr %q", code, errOut)
+	}
 }
