@@ -147,6 +147,7 @@ func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call, what string)
 		if ttl > 0 {
 			h.doubted(sent, ttl)
 		}
+		h.c.clusterHint(err)
 		return 0, nameErr(h.lk.name, err)
 	}
 	n, _ := v.(int64)
@@ -282,6 +283,7 @@ func (h *holding) release(ctx context.Context) error {
 		// did not.
 		var reply redis.Error
 		retry = retry || !errors.As(err, &reply)
+		h.c.clusterHint(err)
 	}, func() (any, error) { return h.c.releaseCall(ctx, h) })
 	if isForeign(err) {
 		err = &lostError{scriptErr(h.lk.hash, h.lk.kind, err)}

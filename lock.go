@@ -204,6 +204,7 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 	}
 	if err != nil {
 		h.acqDoubt = true // it may yet run, with the lock's TTL
+		lk.c.clusterHint(err)
 		return r, lk.kindErr(err)
 	}
 	ack, acked := v.(ackedReply)

@@ -3,6 +3,8 @@ package dlock
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -121,6 +123,25 @@ func cmder(cmd *redis.Cmd, once bool) redis.Cmder {
 		return onceCmd{cmd}
 	}
 	return cmd
+}
+
+// clusterHint makes a ClusterClient reload its slot map after a call that
+// could not reach its node or was redirected. go-redis reloads the map by
+// itself only after a MOVED, ASK or READONLY reply, and once a minute: when
+// a master dies, the calls for its slots would fail until then, though the
+// cluster promoted a replica seconds after. A reload is cheap, runs in the
+// background and is coalesced by go-redis (one at a time, 200 ms apart).
+func (c *Client) clusterHint(err error) {
+	cc, ok := c.rdb.(*redis.ClusterClient)
+	if !ok || err == nil {
+		return
+	}
+	var ne net.Error
+	msg := err.Error()
+	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ") || strings.HasPrefix(msg, "CLUSTERDOWN") {
+		cc.ReloadState(context.Background())
+	}
 }
 
 func isNoScript(err error) bool {

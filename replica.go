@@ -3,7 +3,6 @@ package dlock
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -160,7 +159,7 @@ func (c *Client) sendAcked(ctx context.Context, key string, args []any) (any, er
 	w := c.cfg.ack.wait(ctx, p)
 	_, _ = p.Exec(ctx)
 	if err := cmd.Err(); err != nil {
-		c.movedHint(ctx, err)
+		c.clusterHint(err)
 		return nil, err
 	}
 	n, werr := w.Result()
@@ -176,15 +175,6 @@ func (c *Client) evalAcked(ctx context.Context, k call) (any, error) {
 	}
 	args = append(args, k.args...)
 	return c.runAcked(ctx, k.s, k.keys[0], args, nil)
-}
-
-// movedHint makes a ClusterClient reload its slot map after a reply that
-// says the slot moved: a pipeline on one node does not follow redirections.
-func (c *Client) movedHint(ctx context.Context, err error) {
-	cc, ok := c.rdb.(*redis.ClusterClient)
-	if ok && (strings.HasPrefix(err.Error(), "MOVED ") || strings.HasPrefix(err.Error(), "ASK ")) {
-		cc.ReloadState(ctx)
-	}
 }
 
 // runExtendsAcked is runExtends with WAIT: the extends of the keys one
@@ -247,7 +237,7 @@ func (c *Client) runExtendsAcked(ctx context.Context, calls []call) (cmds []*red
 		}
 		for _, i := range idx {
 			if err := cmds[i].Err(); err != nil {
-				c.movedHint(ctx, err)
+				c.clusterHint(err)
 				break
 			}
 		}

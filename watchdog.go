@@ -224,6 +224,7 @@ func (c *Client) renew(batch []*holding, ttls []time.Duration) {
 			// Unknown: it may have run (its TTL counts), or not (the
 			// deadline stands). Try again soon.
 			c.cfg.logger.Debug("dlock: renewal failed", "lock", h.lk.name, "err", err)
+			c.clusterHint(err)
 			h.doubted(sent, ttls[i])
 		}
 		h.endOp()
