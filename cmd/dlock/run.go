@@ -214,7 +214,7 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 	fs.StringVar(&f.leftovers, "leftovers", leftoversKill, "what to do, when COMMAND exits, with what it left running in its process group: `kill|wait` (kill: SIGTERM, then SIGKILL after --kill-grace; wait: keep the lock until it has exited, Linux)")
 	fs.BoolVar(&f.passRedisURL, "pass-redis-url", false, "pass $DLOCK_REDIS_URL to COMMAND even when it holds a password")
 	fs.IntVar(&f.replicaAck, "replica-ack", 0, "`replicas` that must confirm the grant and every renewal before they count (the library's WithReplicaAck); 0: none")
-	durationVar(fs, &f.ackTimeout, "replica-ack-timeout", time.Second, time.Millisecond, 2*time.Second, "500ms", "how long a grant or renewal waits for --replica-ack replicas, a `duration` (1ms..2s)")
+	durationVar(fs, &f.ackTimeout, "replica-ack-timeout", time.Second, time.Millisecond, 2*time.Second, "500ms", "how long a grant or renewal waits for --replica-ack replicas, a `duration` (1ms..2s; at most half the Redis client's read timeout, which read_timeout= in --redis sets)")
 	if err := fs.Parse(args); err != nil {
 		help, err := usageOrHelp(err, fs, runUsage, stdout)
 		return f, help, err
@@ -229,11 +229,16 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 		return f, help, err
 	}
 	f.command = fs.Args()
+	ackTimeoutSet := false
+	fs.Visit(func(fl *flag.Flag) { ackTimeoutSet = ackTimeoutSet || fl.Name == "replica-ack-timeout" })
 	switch {
 	case len(f.command) == 0:
 		return f, false, errors.New("missing the COMMAND to run (dlock run NAME [flags] -- COMMAND [ARGS...])")
 	case f.replicaAck < 0:
 		return f, false, fmt.Errorf("--replica-ack %d: want 0 (none) or a number of replicas", f.replicaAck)
+	case ackTimeoutSet && f.replicaAck == 0:
+		// Alone it would do nothing: no grant would wait for replicas.
+		return f, false, fmt.Errorf("--replica-ack-timeout %s without --replica-ack N: no replica would be waited for", shortDuration(f.ackTimeout))
 	case f.conflictCode < 0 || f.conflictCode > 255:
 		return f, false, fmt.Errorf("--conflict-exit-code %d is outside 0..255", f.conflictCode)
 	case f.leftovers != leftoversKill && f.leftovers != leftoversWait:
@@ -290,6 +295,11 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dlock run: %v\n", err)
 		return connectExitCode(err)
 	}
+	if err := checkAckTimeout(rdb, f); err != nil {
+		_ = rdb.Close()
+		fmt.Fprintf(stderr, "dlock run: %v (see dlock run -h)\n", err)
+		return exitUsage
+	}
 	copts := []dlock.Option{dlock.WithPrefix(f.prefix)}
 	if f.replicaAck > 0 {
 		copts = append(copts, dlock.WithReplicaAck(f.replicaAck, f.ackTimeout))
@@ -306,6 +316,25 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	return superviseRun(ctx, sigs, lease, f, stdout, stderr)
+}
+
+// checkAckTimeout refuses a --replica-ack-timeout above half the read
+// timeout of rdb (from --redis's read_timeout, else go-redis's default), as
+// WithReplicaAck does, but naming the flag and the URL parameter that set
+// the bound: the library's error names neither.
+func checkAckTimeout(rdb redis.UniversalClient, f runFlags) error {
+	var read time.Duration
+	switch r := rdb.(type) {
+	case *redis.Client: // also a Sentinel (failover) client
+		read = r.Options().ReadTimeout
+	case *redis.ClusterClient:
+		read = r.Options().ReadTimeout
+	}
+	if f.replicaAck == 0 || read <= 0 || f.ackTimeout <= read/2 {
+		return nil
+	}
+	return fmt.Errorf("--replica-ack-timeout %s: must be at most %s, half the Redis client's read timeout (%s; read_timeout= in --redis sets it): WAIT would outlast the read",
+		shortDuration(f.ackTimeout), shortDuration(read/2), shortDuration(read))
 }
 
 // acquireForRun obtains the lock as --wait says. Without a lease it returns

@@ -367,3 +367,46 @@ func TestRunReplicaAck(t *testing.T) {
 		t.Fatalf("--replica-ack -1: exit %d, stderr %q", code, errOut)
 	}
 }
+
+// --replica-ack-timeout is a usage error, named as the flag, when it
+// exceeds half the read timeout the --redis URL gives the client (the
+// library refuses it then: WAIT would outlast the read) or when
+// --replica-ack does not ask for replicas (it would do nothing).
+func TestRunReplicaAckTimeoutFlag(t *testing.T) {
+	t.Parallel()
+	p := redistest.Start(t)
+	url := "--redis=redis://" + p.Addr() + "?read_timeout=1s"
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		// The default 1s is more than half the URL's read timeout.
+		{[]string{"run", url, "--replica-ack", "1", "job", "--", "sh", "-c", "echo ran"},
+			[]string{"--replica-ack-timeout 1s", "read_timeout"}},
+		{[]string{"run", url, "--replica-ack", "1", "--replica-ack-timeout", "600ms", "job", "--", "sh", "-c", "echo ran"},
+			[]string{"--replica-ack-timeout 600ms", "at most 500ms", "read_timeout"}},
+		{[]string{"run", "--replica-ack-timeout", "300ms", "job", "--", "sh", "-c", "echo ran"},
+			[]string{"--replica-ack-timeout", "without --replica-ack"}},
+	} {
+		code, out, errOut := runDlock(t, p.Addr(), c.args...)
+		if code != exitUsage || strings.Contains(out, "ran") {
+			t.Errorf("%q: exit %d (want %d), stdout %q, stderr %q", c.args, code, exitUsage, out, errOut)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("%q: stderr %q does not say %q", c.args, errOut, w)
+			}
+		}
+		if strings.Contains(errOut, "WithReplicaAck") {
+			t.Errorf("%q: stderr %q names the library's option, not the flag", c.args, errOut)
+		}
+		oneLine(t, "stderr", errOut)
+	}
+	// Within half the read timeout it runs (no replicas here: exit 69 says
+	// the flags were taken).
+	code, _, errOut := runDlock(t, p.Addr(), "run", url, "--replica-ack", "1", "--replica-ack-timeout", "500ms", "job", "--", "true")
+	if code != exitUnavailable || !strings.Contains(errOut, "0 of 1 replicas confirmed within 500ms") {
+		t.Fatalf("--replica-ack-timeout 500ms: exit %d (want %d), stderr %q", code, exitUnavailable, errOut)
+	}
+}
