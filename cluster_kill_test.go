@@ -1,6 +1,7 @@
 package dlock_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -58,4 +59,58 @@ func TestClusterMasterKilled(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // retry; the 15s bound is what is tested
 	}
+}
+
+// TestFault16SlotMovedWhileHeld is fault 16: the hash slot of a held lock
+// is migrated to another master (as redis-cli --cluster reshard does) while
+// its holder keeps it. The lock key moves with its expiry: the holder's
+// renewals and Extend follow the slot and succeed, nobody else obtains the
+// lock meanwhile, and the holder's Unlock releases it on the new master.
+func TestFault16SlotMovedWhileHeld(t *testing.T) {
+	w := startClusterWake(t, 1)
+	ctx := ctxT(t, 60*time.Second)
+	name := w.names[0]
+	from := w.owner(t, name)
+	to := w.masters[0]
+	if to == from {
+		to = w.masters[1]
+	}
+	key := "dlock:{" + name + "}"
+	l, err := w.a.Mutex(name, dlock.TTL(time.Second)).Lock(ctx) // renewed every third of a second
+	if err != nil {
+		t.Fatal(err)
+	}
+	redistest.MigrateSlot(t, w.nodes, redistest.KeySlot(t, from, key), from, to)
+	if n := to.Do(t, "EXISTS", key); n != int64(1) {
+		t.Fatalf("the lock key is not on the new master after the migration (EXISTS %v)", n)
+	}
+	// Held across several renewals on the new master, and refused to others.
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if _, err := w.b.Mutex(name).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+			t.Fatalf("another Client's TryLock after the migration: %v, want ErrNotObtained", err)
+		}
+		if err := l.Context().Err(); err != nil {
+			t.Fatalf("the lease ended after the migration: %v", context.Cause(l.Context()))
+		}
+	}
+	if err := l.Extend(ctx, 5*time.Second); err != nil {
+		t.Fatalf("Extend after the migration: %v", err)
+	}
+	if ms := to.Do(t, "PTTL", key); ms.(int64) < 4000 {
+		t.Fatalf("the new master's PTTL after Extend(5s) is %v ms", ms)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock after the migration: %v", err)
+	}
+	if o := to.Do(t, "HGET", key, "o"); o != nil {
+		t.Fatalf("the lock is still owned on the new master after Unlock: %v", o)
+	}
+	l2, err := w.b.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("after the Unlock: %v", err)
+	}
+	if l2.Fence() <= l.Fence() {
+		t.Fatalf("fence %d after the migration, %d before", l2.Fence(), l.Fence())
+	}
+	_ = l2.Unlock(ctx)
 }
