@@ -129,15 +129,11 @@ func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call, what string)
 		h.sending(sent, ttl)
 	}
 	var v any
-	var err error
+	var short, err error // short: see runAcked
 	if ttl > 0 && h.c.cfg.ack.on() {
-		v, err = h.c.evalAcked(ctx, c)
+		v, short, err = h.c.evalAcked(ctx, c, what)
 	} else {
 		v, err = h.c.eval(ctx, c)
-	}
-	ack, acked := v.(ackedReply)
-	if acked {
-		v = ack.v
 	}
 	switch {
 	case isForeign(err):
@@ -152,12 +148,10 @@ func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call, what string)
 	}
 	n, _ := v.(int64)
 	if ttl > 0 && n == 1 {
-		if acked {
-			if err := h.c.cfg.ack.short(ack, what); err != nil {
-				// It ran, but a failover now could lose it: it does not count.
-				h.doubted(sent, ttl)
-				return 0, nameErr(h.lk.name, err)
-			}
+		if short != nil {
+			// It ran, but a failover now could lose it: it does not count.
+			h.doubted(sent, ttl)
+			return 0, nameErr(h.lk.name, short)
 		}
 		h.extended(sent, ttl)
 	}

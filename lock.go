@@ -191,14 +191,14 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 	late := func(v any, err error) {
 		// The caller gave up before the reply: if it was a grant (or may
 		// have been), give the lock back rather than leave it to its TTL.
-		if a, ok := unwrapAcked(v).([]any); err != nil || (ok && len(a) >= 2 && a[0] == int64(1)) {
+		if a, ok := v.([]any); err != nil || (ok && len(a) >= 2 && a[0] == int64(1)) {
 			lk.abandon(context.Background(), h.token, ErrLockLost)
 		}
 	}
 	var v any
-	var err error
+	var short, err error // short: see runAcked
 	if lk.c.cfg.ack.on() {
-		v, err = lk.c.runAcked(ctx, h.cmd.acqScript, lk.hash, h.cmd.acquire(), late)
+		v, short, err = lk.c.runAcked(ctx, h.cmd.acqScript, lk.hash, h.cmd.acquire(), "acquire", late)
 	} else {
 		v, err = lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, &h.acqDoubt, late)
 	}
@@ -206,10 +206,6 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 		h.acqDoubt = true // it may yet run, with the lock's TTL
 		lk.c.clusterHint(err)
 		return r, lk.kindErr(err)
-	}
-	ack, acked := v.(ackedReply)
-	if acked {
-		v = ack.v
 	}
 	a, ok := v.([]any)
 	if !ok || len(a) < 2 {
@@ -222,12 +218,10 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 		third, _ = a[2].(int64)
 	}
 	if got == 1 {
-		if acked {
-			if err := lk.c.cfg.ack.short(ack, "acquire"); err != nil {
-				// Fail closed: a failover now could give the lock again.
-				_ = lk.proto.giveBack(ctx, lk, h.token)
-				return r, err
-			}
+		if short != nil {
+			// Fail closed: a failover now could give the lock again.
+			_ = lk.proto.giveBack(ctx, lk, h.token)
+			return r, short
 		}
 		r.ok, r.fence, r.already = true, uint64(n), third == 1
 		return r, nil

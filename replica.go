@@ -91,33 +91,26 @@ func (a *ackConfig) wait(ctx context.Context, p redis.Pipeliner) *redis.IntCmd {
 // on reports whether grants wait for replicas.
 func (a *ackConfig) on() bool { return a.n > 0 }
 
-// ackedReply is a script's reply together with how many replicas confirmed
-// every write its connection had made up to and including it.
-type ackedReply struct {
-	v        any
-	replicas int64
-	err      error // WAIT's own error (replicas is 0 then)
-}
-
-// short returns nil if enough replicas confirmed, else the ErrNotReplicated
-// error that says how many.
-func (a *ackConfig) short(r ackedReply, what string) error {
-	if r.err == nil && r.replicas >= int64(a.n) {
+// shortOf returns nil if WAIT w counted enough replicas, else the
+// ErrNotReplicated error that says how many confirmed what.
+func (a *ackConfig) shortOf(w *redis.IntCmd, what string) error {
+	n, err := w.Result()
+	if err == nil && n >= int64(a.n) {
 		return nil
 	}
-	msg := fmt.Sprintf("%s: %d of %d replicas confirmed within %v", what, r.replicas, a.n, a.timeout)
-	if r.err != nil {
-		msg += " (WAIT: " + r.err.Error() + ")"
+	msg := fmt.Sprintf("%s: %d of %d replicas confirmed within %v", what, n, a.n, a.timeout)
+	if err != nil {
+		msg += " (WAIT: " + err.Error() + ")"
 	}
 	return fmt.Errorf("%w: %s", ErrNotReplicated, msg)
 }
 
-// unwrapAcked returns the script's own reply of v (an ackedReply or not).
-func unwrapAcked(v any) any {
-	if r, ok := v.(ackedReply); ok {
-		return r.v
-	}
-	return v
+// ackedReply is a script's reply and whether enough replicas confirmed
+// every write its connection had made up to and including it (nil, or the
+// ErrNotReplicated error): what runAcked passes through aside.
+type ackedReply struct {
+	v     any
+	short error
 }
 
 // ackPipe returns a pipeline on one connection to the primary that serves
@@ -133,23 +126,39 @@ func (c *Client) ackPipe(ctx context.Context, key string) (redis.Pipeliner, erro
 	return c.rdb.Pipeline(), nil
 }
 
-// runAcked runs a prepared command line of s (see cmdline) and WAIT after
-// it, on one connection in one round trip, and returns an ackedReply. If ctx
-// ends first, late (if not nil) gets the reply when it comes.
-func (c *Client) runAcked(ctx context.Context, s *script, key string, args []any, late func(any, error)) (any, error) {
-	return c.aside(ctx, func(ctx context.Context) (any, error) {
-		v, err := c.sendAcked(ctx, key, args)
+// runAcked runs a prepared command line of s (see cmdline) about key and
+// WAIT after it, on one connection in one round trip. It returns the
+// script's reply, and short: nil if enough replicas confirmed, else the
+// ErrNotReplicated error that says how many confirmed what. If ctx ends
+// first, late (if not nil) gets the script's reply when it comes.
+func (c *Client) runAcked(ctx context.Context, s *script, key string, args []any, what string, late func(any, error)) (v any, short error, err error) {
+	if late != nil {
+		inner := late
+		late = func(v any, err error) {
+			if r, ok := v.(ackedReply); ok {
+				v = r.v
+			}
+			inner(v, err)
+		}
+	}
+	v, err = c.aside(ctx, func(ctx context.Context) (any, error) {
+		v, err := c.sendAcked(ctx, key, args, what)
 		if err != nil && isNoScript(err) {
 			a := make([]any, len(args))
 			copy(a, args)
 			a[0], a[1] = "eval", s.src
-			v, err = c.sendAcked(ctx, key, a)
+			v, err = c.sendAcked(ctx, key, a, what)
 		}
 		return v, err
 	}, late)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := v.(ackedReply)
+	return r.v, r.short, nil
 }
 
-func (c *Client) sendAcked(ctx context.Context, key string, args []any) (any, error) {
+func (c *Client) sendAcked(ctx context.Context, key string, args []any, what string) (any, error) {
 	p, err := c.ackPipe(ctx, key)
 	if err != nil {
 		return nil, err
@@ -159,88 +168,52 @@ func (c *Client) sendAcked(ctx context.Context, key string, args []any) (any, er
 	w := c.cfg.ack.wait(ctx, p)
 	_, _ = p.Exec(ctx)
 	if err := cmd.Err(); err != nil {
-		c.clusterHint(err)
 		return nil, err
 	}
-	n, werr := w.Result()
-	return ackedReply{v: cmd.Val(), replicas: n, err: werr}, nil
+	return ackedReply{v: cmd.Val(), short: c.cfg.ack.shortOf(w, what)}, nil
 }
 
-// evalAcked is eval (see Client.eval) with WAIT after the call.
-func (c *Client) evalAcked(ctx context.Context, k call) (any, error) {
+// evalAcked is eval (see Client.eval) with WAIT after the call; see runAcked.
+func (c *Client) evalAcked(ctx context.Context, k call, what string) (v any, short error, err error) {
 	args := make([]any, 0, 3+len(k.keys)+len(k.args))
 	args = append(args, "evalsha", k.s.sha, len(k.keys))
 	for _, key := range k.keys {
 		args = append(args, key)
 	}
 	args = append(args, k.args...)
-	return c.runAcked(ctx, k.s, k.keys[0], args, nil)
+	return c.runAcked(ctx, k.s, k.keys[0], args, what, nil)
 }
 
-// runExtendsAcked is runExtends with WAIT: the extends of the keys one
-// primary serves go in one pipeline with one WAIT after them. acked[i]
-// says whether enough replicas confirmed cmds[i]'s connection.
-func (c *Client) runExtendsAcked(ctx context.Context, calls []call) (cmds []*redis.Cmd, acked []error) {
-	cmds = make([]*redis.Cmd, len(calls))
-	acked = make([]error, len(calls))
-	groups := map[any][]int{}
-	var order []any
+// extendGroups splits a renewal's calls into the pipelines runExtends
+// sends: one for all of them (a ClusterClient's pipeline routes each call
+// by its key), or with replica acknowledgement one per primary, on one
+// connection, since WAIT counts what one connection wrote. A call whose
+// primary is not known is in no group, with its error in cmds.
+func (c *Client) extendGroups(ctx context.Context, calls []call, cmds []*redis.Cmd) [][]int {
+	cc, cluster := c.rdb.(*redis.ClusterClient)
+	if !c.cfg.ack.on() || !cluster {
+		all := make([]int, len(calls))
+		for i := range all {
+			all[i] = i
+		}
+		return [][]int{all}
+	}
+	var groups [][]int
+	at := map[*redis.Client]int{}
 	for i, k := range calls {
-		var id any = 0
-		if cc, ok := c.rdb.(*redis.ClusterClient); ok {
-			node, err := cc.MasterForKey(ctx, k.keys[0])
-			if err != nil {
-				cmds[i] = redis.NewCmd(ctx)
-				cmds[i].SetErr(err)
-				continue
-			}
-			id = node
+		node, err := cc.MasterForKey(ctx, k.keys[0])
+		if err != nil {
+			cmds[i] = redis.NewCmd(ctx)
+			cmds[i].SetErr(err)
+			continue
 		}
-		if _, seen := groups[id]; !seen {
-			order = append(order, id)
+		g, ok := at[node]
+		if !ok {
+			g = len(groups)
+			at[node] = g
+			groups = append(groups, nil)
 		}
-		groups[id] = append(groups[id], i)
+		groups[g] = append(groups[g], i)
 	}
-	for _, id := range order {
-		idx := groups[id]
-		send := func(withSrc bool) {
-			p, err := c.ackPipe(ctx, calls[idx[0]].keys[0])
-			if err != nil {
-				for _, i := range idx {
-					cmds[i] = redis.NewCmd(ctx)
-					cmds[i].SetErr(err)
-				}
-				return
-			}
-			for _, i := range idx {
-				k := calls[i]
-				if withSrc {
-					cmds[i] = p.Eval(ctx, k.s.src, k.keys, k.args...)
-				} else {
-					cmds[i] = p.EvalSha(ctx, k.s.sha, k.keys, k.args...)
-				}
-			}
-			w := c.cfg.ack.wait(ctx, p)
-			_, _ = p.Exec(ctx)
-			n, werr := w.Result()
-			short := c.cfg.ack.short(ackedReply{replicas: n, err: werr}, "renewal")
-			for _, i := range idx {
-				acked[i] = short
-			}
-		}
-		send(false)
-		for _, i := range idx {
-			if isNoScript(cmds[i].Err()) {
-				send(true)
-				break
-			}
-		}
-		for _, i := range idx {
-			if err := cmds[i].Err(); err != nil {
-				c.clusterHint(err)
-				break
-			}
-		}
-	}
-	return cmds, acked
+	return groups
 }

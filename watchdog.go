@@ -202,16 +202,14 @@ func (c *Client) renew(batch []*holding, ttls []time.Duration) {
 	}
 	ctx, cancel := context.WithDeadline(c.bg, earliest)
 	defer cancel()
-	var cmds []*redis.Cmd
-	var short []error
-	if c.cfg.ack.on() {
-		cmds, short = c.runExtendsAcked(ctx, c.extendCalls(batch, ttls))
-	} else {
-		cmds = c.runExtends(ctx, batch, ttls)
+	calls := make([]call, len(batch))
+	for i, h := range batch {
+		calls[i] = h.lk.proto.extend(h, formatMillis(ttls[i]))
 	}
+	cmds, short := c.runExtends(ctx, calls)
 	for i, h := range batch {
 		v, err := cmds[i].Int64()
-		if err == nil && v == 1 && short != nil && short[i] != nil {
+		if err == nil && v == 1 && short[i] != nil {
 			// It ran, but a failover now could lose it: as if unknown.
 			err = short[i]
 		}
@@ -231,43 +229,60 @@ func (c *Client) renew(batch []*holding, ttls []time.Duration) {
 	}
 }
 
-// runExtends sends one extend per holding in a pipeline, loading the
-// scripts the server had lost and resending.
-func (c *Client) runExtends(ctx context.Context, batch []*holding, ttls []time.Duration) []*redis.Cmd {
-	calls := c.extendCalls(batch, ttls)
-	send := func() []*redis.Cmd {
-		cmds := make([]*redis.Cmd, len(calls))
-		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, k := range calls {
+// runExtends sends the extends of a renewal in pipelines (see
+// extendGroups), loading the scripts the server had lost and resending.
+// With replica acknowledgement a WAIT follows each pipeline's extends, and
+// short[i] is nil or the ErrNotReplicated error of cmds[i]'s pipeline.
+func (c *Client) runExtends(ctx context.Context, calls []call) (cmds []*redis.Cmd, short []error) {
+	cmds, short = make([]*redis.Cmd, len(calls)), make([]error, len(calls))
+	for _, g := range c.extendGroups(ctx, calls, cmds) {
+		send := func() {
+			var p redis.Pipeliner
+			var err error
+			if c.cfg.ack.on() {
+				p, err = c.ackPipe(ctx, calls[g[0]].keys[0])
+			} else {
+				p = c.rdb.Pipeline()
+			}
+			for _, i := range g {
+				if err != nil {
+					cmds[i] = redis.NewCmd(ctx)
+					cmds[i].SetErr(err)
+					continue
+				}
+				k := calls[i]
 				cmds[i] = p.EvalSha(ctx, k.s.sha, k.keys, k.args...)
 			}
-			return nil
-		})
-		return cmds
-	}
-	cmds := send()
-	loaded := map[*script]bool{}
-	for i, cmd := range cmds {
-		if s := calls[i].s; isNoScript(cmd.Err()) && !loaded[s] {
-			if err := c.rdb.ScriptLoad(ctx, s.src).Err(); err != nil {
-				return cmds
+			if err != nil {
+				return
 			}
-			loaded[s] = true
+			var w *redis.IntCmd
+			if c.cfg.ack.on() {
+				w = c.cfg.ack.wait(ctx, p)
+			}
+			_, _ = p.Exec(ctx)
+			if w != nil {
+				s := c.cfg.ack.shortOf(w, "renewal")
+				for _, i := range g {
+					short[i] = s
+				}
+			}
+		}
+		send()
+		loaded := map[*script]bool{}
+		for _, i := range g {
+			if s := calls[i].s; isNoScript(cmds[i].Err()) && !loaded[s] {
+				if err := c.rdb.ScriptLoad(ctx, s.src).Err(); err != nil {
+					return cmds, short
+				}
+				loaded[s] = true
+			}
+		}
+		if len(loaded) > 0 {
+			send()
 		}
 	}
-	if len(loaded) > 0 {
-		cmds = send()
-	}
-	return cmds
-}
-
-// extendCalls are the extends of a renewal batch.
-func (c *Client) extendCalls(batch []*holding, ttls []time.Duration) []call {
-	calls := make([]call, len(batch))
-	for i, h := range batch {
-		calls[i] = h.lk.proto.extend(h, formatMillis(ttls[i]))
-	}
-	return calls
+	return cmds, short
 }
 
 // dueHeap orders holdings by when the watchdog must next look at them.
