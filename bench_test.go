@@ -90,18 +90,7 @@ func BenchmarkLockUnlockSerial(b *testing.B) {
 	rdb := s.Client(b)
 	c := dlock.New(rdb)
 	defer c.Close()
-	ctx := context.Background()
-	m := c.Mutex("serial")
-	b.ReportAllocs()
-	for b.Loop() {
-		l, err := m.Lock(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
+	serialCycles(b, c.Mutex("serial"))
 }
 
 // BenchmarkHotKey: one lock, W waiters spread over 4 Clients, a 1ms

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -143,21 +141,10 @@ func TestFault5WithReplicaAck(t *testing.T) {
 	// Longer than a promotion takes (about 3s): a lease granted before the
 	// cut is still held when the replica is promoted with it.
 	const ttl = 5 * time.Second
-	rounds := 3
-	if v := os.Getenv("DLOCK_FAILOVER_ROUNDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			t.Fatalf("DLOCK_FAILOVER_ROUNDS=%q: want a positive number", v)
-		}
-		rounds = n
-	}
-	seed := rand.Uint64N(1 << 40)
-	if v := os.Getenv("DLOCK_SEED"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("DLOCK_SEED=%q: want a number", v)
-		}
-		seed = n
+	rounds := envRounds(t, "DLOCK_FAILOVER_ROUNDS", 3)
+	seed, replay := envSeed(t)
+	if !replay {
+		seed = rand.Uint64N(1 << 40)
 	}
 	t.Logf("seed %d (replay: DLOCK_SEED=%d DLOCK_FAILOVER_ROUNDS=%d go test -race -count=1 -run '^TestFault5WithReplicaAck$' .)", seed, seed, rounds)
 	rng := rand.New(rand.NewPCG(seed, 5))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -221,4 +222,48 @@ func async(t testing.TB, ctx context.Context, lock func(context.Context) (*dlock
 	}
 	t.Cleanup(func() { cancel(); _, _ = get() })
 	return get
+}
+
+// envRounds is the positive number in the environment variable name, or
+// def when it is not set.
+func envRounds(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return n
+}
+
+// envSeed is the seed DLOCK_SEED asks a seeded test to replay, if set.
+func envSeed(t *testing.T) (seed uint64, replay bool) {
+	t.Helper()
+	v := os.Getenv("DLOCK_SEED")
+	if v == "" {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		t.Fatalf("DLOCK_SEED=%q: want a number", v)
+	}
+	return n, true
+}
+
+// serialCycles is a benchmark loop of one goroutine's lock+unlock of m.
+func serialCycles(b *testing.B, m *dlock.Mutex) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		l, err := m.Lock(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -82,27 +82,16 @@ func interleavings(t *testing.T, test string, ack bool) {
 		}
 		dur = d
 	}
-	rounds := 1
-	if v := os.Getenv("DLOCK_CHAOS_ROUNDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			t.Fatalf("DLOCK_CHAOS_ROUNDS=%q: want a positive number", v)
-		}
-		rounds = n
-	}
-	var fixed uint64
-	if v := os.Getenv("DLOCK_SEED"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("DLOCK_SEED=%q: want a number", v)
-		}
-		fixed, rounds = n, 1
+	rounds := envRounds(t, "DLOCK_CHAOS_ROUNDS", 1)
+	fixed, replay := envSeed(t)
+	if replay {
+		rounds = 1
 	}
 	for _, kind := range []string{"mutex", "fair", "rw", "sem"} {
 		t.Run(kind, func(t *testing.T) {
 			for range rounds {
 				seed := fixed
-				if seed == 0 {
+				if !replay {
 					seed = rand.Uint64N(1 << 40)
 				}
 				t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {

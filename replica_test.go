@@ -268,7 +268,6 @@ func TestReplicaAckBadSettings(t *testing.T) {
 // acknowledgement costs per grant.
 func BenchmarkReplicaAck(b *testing.B) {
 	_, _, pc, _ := primaryAndReplica(b)
-	ctx := context.Background()
 	for _, bc := range []struct {
 		name string
 		opts []dlock.Option
@@ -279,17 +278,7 @@ func BenchmarkReplicaAck(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			c := dlock.New(pc, bc.opts...)
 			defer c.Close()
-			m := c.Mutex("bench-ack")
-			b.ReportAllocs()
-			for b.Loop() {
-				l, err := m.Lock(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := l.Unlock(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
+			serialCycles(b, c.Mutex("bench-ack"))
 		})
 	}
 }
