@@ -3,7 +3,6 @@ package dlock_test
 import (
 	"context"
 	"errors"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,23 +29,8 @@ func primaryAndReplica(t testing.TB) (p, r *redistest.Server, pc, rc *redis.Clie
 func primaryAndReplicaVia(t testing.TB) (p, r *redistest.Server, pc, rc *redis.Client, link *faultproxy.Proxy) {
 	t.Helper()
 	p = redistest.Start(t)
-	link, err := faultproxy.Start(p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = link.Close() })
-	r = redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(link.Port())}})
-	pc, rc = p.Client(t), r.Client(t)
-	ctx := ctxT(t, 20*time.Second)
-	waitFor(t, ctx, "the replica to sync", func() bool {
-		s, _ := rc.Info(ctx, "replication").Result()
-		return strings.Contains(s, "master_link_status:up")
-	})
-	waitFor(t, ctx, "the primary to see its replica", func() bool {
-		s, _ := pc.Info(ctx, "replication").Result()
-		return strings.Contains(s, "connected_slaves:1")
-	})
-	return p, r, pc, rc, link
+	r, link = redistest.StartReplica(t, p, true)
+	return p, r, p.Client(t), r.Client(t), link
 }
 
 // TestReplicaAckGrantIsOnTheReplica: with WithReplicaAck(1, ...) every grant

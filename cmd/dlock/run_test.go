@@ -335,19 +335,7 @@ func TestRunSignalAfterLostLease(t *testing.T) {
 func TestRunReplicaAck(t *testing.T) {
 	t.Parallel()
 	p := redistest.Start(t)
-	r := redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(p.Port())}})
-	rc := r.Client(t)
-	deadline := time.Now().Add(procTimeout)
-	for {
-		info, _ := rc.Info(context.Background(), "replication").Result()
-		if strings.Contains(info, "master_link_status:up") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the replica did not sync within %v", procTimeout)
-		}
-		time.Sleep(pollEvery)
-	}
+	r, _ := redistest.StartReplica(t, p, false)
 	code, out, errOut := runDlock(t, p.Addr(), "run", "--replica-ack", "1", "acked", "--", "sh", "-c", "echo ran")
 	if code != 0 || !strings.Contains(out, "ran") {
 		t.Fatalf("replica up: exit %d, stdout %q, stderr %q", code, out, errOut)

@@ -64,15 +64,12 @@ func startReplicated(t testing.TB, via bool) *Replicated {
 	t.Helper()
 	// Both servers may become the primary. A full sync starts at once
 	// rather than after Redis's default 5s wait for more replicas to come.
-	fast := []string{"--repl-diskless-sync-delay", "0"}
-	r := &Replicated{Primary: Start(t, Options{Args: fast})}
-	upstream := r.Primary.Port()
+	r := &Replicated{Primary: Start(t, Options{Args: fastSync})}
 	timeout := failoverTimeout
 	if via {
-		r.Link = startLink(t, r.Primary)
-		upstream, timeout = r.Link.Port(), failoverTimeoutLink
+		timeout = failoverTimeoutLink
 	}
-	r.Replica = Start(t, Options{Args: append(fast, "--replicaof", "127.0.0.1", strconv.Itoa(upstream))})
+	r.Replica, r.Link = StartReplica(t, r.Primary, via)
 	r.Sentinels = Masters(t, 3, Options{Sentinel: true})
 	for _, s := range r.Sentinels {
 		s.Do(t, "SENTINEL", "MONITOR", SentinelMaster, "127.0.0.1", r.Primary.Port(), 2)
@@ -81,9 +78,6 @@ func startReplicated(t testing.TB, via bool) *Replicated {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	waitFor(t, ctx, "the replica to sync", func() bool {
-		return redisproc.InfoField(r.Replica.info(ctx), "master_link_status") == "up"
-	})
 	for _, s := range r.Sentinels {
 		c := s.client()
 		waitFor(t, ctx, "sentinel "+s.Addr()+" to see the replica and the other sentinels", func() bool {
@@ -97,6 +91,36 @@ func startReplicated(t testing.TB, via bool) *Replicated {
 		_ = c.Close()
 	}
 	return r
+}
+
+// fastSync makes a full sync start at once rather than after Redis's
+// default 5s wait for more replicas to come; given to every server that may
+// be a primary.
+var fastSync = []string{"--repl-diskless-sync-delay", "0"}
+
+// StartReplica starts a replica of primary, through a fault proxy (link)
+// if via: the test can then hold, drop or reset the replication stream
+// while clients talk to both servers directly. It returns once the replica
+// is in sync and the primary counts it among its replicas (so that WAIT
+// does).
+func StartReplica(t testing.TB, primary *Server, via bool) (replica *Server, link *faultproxy.Proxy) {
+	t.Helper()
+	upstream := primary.Port()
+	if via {
+		link = startLink(t, primary)
+		upstream = link.Port()
+	}
+	replica = Start(t, Options{Args: append(append([]string(nil), fastSync...), "--replicaof", "127.0.0.1", strconv.Itoa(upstream))})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	waitFor(t, ctx, "the replica to sync", func() bool {
+		return redisproc.InfoField(replica.info(ctx), "master_link_status") == "up"
+	})
+	waitFor(t, ctx, "the primary to count its replica", func() bool {
+		n := redisproc.InfoField(primary.info(ctx), "connected_slaves")
+		return n != "" && n != "0"
+	})
+	return replica, link
 }
 
 // startLink starts a fault proxy to s, closed when the test ends.
