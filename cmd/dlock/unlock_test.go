@@ -55,15 +55,7 @@ func TestUnlockForce(t *testing.T) {
 	}
 
 	// Woken by the published release, the waiter runs with a larger fence.
-	if f2 := fenceOf(t, waiter.line()); f2 <= fence {
-		t.Errorf("waiter's fence %d is not above the removed holder's %d", f2, fence)
-	}
-	if code := waiter.exit(); code != 0 {
-		t.Errorf("waiter: exit %d; stderr %q", code, waiter.stderr)
-	}
-	if code := holder.exit(); code != exitLeaseLost {
-		t.Errorf("removed holder: exit %d, want %d; stderr %q", code, exitLeaseLost, holder.stderr)
-	}
+	afterForceUnlock(t, holder, waiter, fence)
 
 	code, _, errOut = runDlock(t, s.Addr(), "unlock", "--force", "stuck")
 	if code != exitFailed || !strings.Contains(errOut, "not held") {
@@ -159,6 +151,14 @@ func TestUnlockForceWithoutShardedPubSub(t *testing.T) {
 	if msg, err := wake.ReceiveMessage(ctx); err != nil || msg.Payload != strconv.FormatUint(fence, 10) {
 		t.Errorf("the first release heard by a plain subscriber: %v, %v; want the removed holder's fence %d", msg, err, fence)
 	}
+	afterForceUnlock(t, holder, waiter, fence)
+}
+
+// afterForceUnlock checks what follows an unlock --force of holder's lock
+// (fence) while waiter waits: the waiter runs with a larger fence and
+// exits 0, and the removed holder exits as one whose lease was lost.
+func afterForceUnlock(t *testing.T, holder, waiter *dlockProc, fence uint64) {
+	t.Helper()
 	if f2 := fenceOf(t, waiter.line()); f2 <= fence {
 		t.Errorf("waiter's fence %d is not above the removed holder's %d", f2, fence)
 	}
@@ -166,6 +166,6 @@ func TestUnlockForceWithoutShardedPubSub(t *testing.T) {
 		t.Errorf("waiter: exit %d; stderr %q", code, waiter.stderr)
 	}
 	if code := holder.exit(); code != exitLeaseLost {
-		t.Errorf("removed holder: exit %d, want %d", code, exitLeaseLost)
+		t.Errorf("removed holder: exit %d, want %d; stderr %q", code, exitLeaseLost, holder.stderr)
 	}
 }
