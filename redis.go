@@ -94,12 +94,18 @@ type processor interface {
 func (s *script) do(ctx context.Context, r processor, args []any, once bool) (any, error) {
 	v, err := process(ctx, r, args, once)
 	if err != nil && isNoScript(err) {
-		a := make([]any, len(args))
-		copy(a, args)
-		a[0], a[1] = "eval", s.src
-		v, err = process(ctx, r, a, once)
+		v, err = process(ctx, r, s.withSource(args), once)
 	}
 	return v, err
+}
+
+// withSource returns a copy of a prepared command line of s that sends the
+// script's source (EVAL), for a server that does not have it cached.
+func (s *script) withSource(args []any) []any {
+	a := make([]any, len(args))
+	copy(a, args)
+	a[0], a[1] = "eval", s.src
+	return a
 }
 
 func process(ctx context.Context, r processor, args []any, once bool) (any, error) {

@@ -144,10 +144,7 @@ func (c *Client) runAcked(ctx context.Context, s *script, key string, args []any
 	v, err = c.aside(ctx, func(ctx context.Context) (any, error) {
 		v, err := c.sendAcked(ctx, key, args, what)
 		if err != nil && isNoScript(err) {
-			a := make([]any, len(args))
-			copy(a, args)
-			a[0], a[1] = "eval", s.src
-			v, err = c.sendAcked(ctx, key, a, what)
+			v, err = c.sendAcked(ctx, key, s.withSource(args), what)
 		}
 		return v, err
 	}, late)
