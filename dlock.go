@@ -143,6 +143,9 @@ type Client struct {
 	heard   uint64             // hand-over messages delivered to a waiting waiter (for tests)
 
 	gaps atomic.Uint64 // subscriptions the hub re-established after a fault (for tests)
+
+	q      *quorum // quorum mode (NewQuorum): the masters; rdb and hub are nil
+	parent *Client // a quorum master's Client: the quorum Client its wake-ups go to
 	// renewalHook, set by tests before the first lock, runs on the watchdog
 	// goroutine after it read the TTL it will renew a holding to, before the
 	// renewal is sent: an interleaving no fault on the wire can reach.
@@ -170,13 +173,38 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		o(&cfg)
 	}
 	if cfg.logger == nil {
-		cfg.logger = slog.New(slog.DiscardHandler)
+		cfg.logger = noLogger()
 	}
 	cfg.ack.check(rdb)
+	if cfg.quorum.set != "" && cfg.quorum.err == nil {
+		cfg.quorum.err = invalidf("%s applies to NewQuorum only", cfg.quorum.set)
+	}
+	c := newClient(rdb, cfg)
+	if cfg.autoPipeline {
+		// Lock and unlock scripts go through the client's shared deferred
+		// autopipeliner when many are in flight: concurrent calls share
+		// round trips and system calls. The pipeliner never resends them
+		// (see Client.submit): the engine retries what it must itself.
+		if ap, err := rdb.AsyncAutoPipeline(); err == nil {
+			c.ap = ap
+		}
+	}
+	if hub.IsCluster(rdb) {
+		c.ps.set(hub.Sharded) // as hub.Detect would say, without asking
+	}
+	c.hub = hub.New(rdb, clientHandler{c}, cfg.logger, c.hubKind)
+	return c
+}
+
+func noLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// newClient is the part of a Client that New and NewQuorum share (rdb is
+// nil in quorum mode).
+func newClient(rdb redis.UniversalClient, cfg clientConfig) *Client {
 	bg, stop := context.WithCancel(context.Background())
 	c := &Client{
 		rdb:      rdb,
-		ctxAware: contextAware(rdb),
+		ctxAware: rdb != nil && contextAware(rdb),
 		cfg:      cfg,
 		ttlArg:   formatMillis(DefaultTTL),
 		liveArg:  formatMillis(fairLiveness),
@@ -187,23 +215,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		byToken:  make(map[string]*waiter),
 		late:     make(map[string]bool),
 	}
-	if cfg.autoPipeline {
-		// Lock and unlock scripts go through the client's shared deferred
-		// autopipeliner when many are in flight: concurrent calls share
-		// round trips and system calls. The pipeliner never resends them
-		// (see Client.submit): the engine retries what it must itself.
-		if ap, err := rdb.AsyncAutoPipeline(); err == nil {
-			c.ap = ap
-		}
-	}
 	c.id = c.tokens.next()[:12]
 	c.dog.init()
 	c.fences.init()
 	c.ps.init()
-	if hub.IsCluster(rdb) {
-		c.ps.set(hub.Sharded) // as hub.Detect would say, without asking
-	}
-	c.hub = hub.New(rdb, clientHandler{c}, cfg.logger, c.hubKind)
 	return c
 }
 
@@ -231,11 +246,21 @@ func (c *Client) close() {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.bg), 3*time.Second)
 	defer cancel()
 	for _, h := range live {
-		if h.closeDown() { // a pending one is released by its record
+		if !h.closeDown() { // a pending one is released by its record
+			continue
+		}
+		if c.q != nil {
+			_, _ = c.q.release(ctx, h)
+		} else {
 			_, _ = h.cmd.relScript.do(ctx, c.rdb, h.cmd.release(), false)
 		}
 	}
 	c.stop()
+	if c.q != nil {
+		c.gs.wait()
+		c.q.closeMembers()
+		return
+	}
 	c.hub.Close()
 	c.gs.wait()
 }

@@ -44,6 +44,15 @@ func (s state) final() bool { return s >= passed }
 // of the two clocks. Nothing else computes a deadline.
 func validUntil(sent time.Time, ttl time.Duration) time.Time { return sent.Add(ttl - ttl/100) }
 
+// sendTime is the time a request about to be sent counts as sent at: now,
+// or in quorum mode quorumSlack earlier.
+func (c *Client) sendTime() time.Time {
+	if c.q != nil {
+		return time.Now().Add(-quorumSlack)
+	}
+	return time.Now()
+}
+
 // holding is one ownership of a lock at Redis, shared by the reentrant
 // leases on it. Requests to Redis about it are made one at a time, between
 // beginOp and endOp, so their replies apply in the order they were sent.

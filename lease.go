@@ -76,6 +76,9 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, what string) erro
 	if err := validTTL(ttl); err != nil {
 		return nameErr(h.lk.name, err)
 	}
+	if q := h.c.q; q != nil && q.delay > 0 && ttl > q.delay {
+		return nameErr(h.lk.name, invalidf("TTL %v is above the quorum's restart delay (%v, WithRestartDelay)", ttl, q.delay))
+	}
 	ttl = wholeMillis(ttl)
 	v, err := l.ask(ctx, ttl, h.lk.proto.extend(h, formatMillis(ttl)), what)
 	if err != nil {
@@ -122,7 +125,7 @@ func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call, what string)
 	if err := l.live(); err != nil {
 		return 0, err
 	}
-	sent := time.Now()
+	sent := h.c.sendTime()
 	if ttl > 0 {
 		// Redis may run it before its reply comes, or without one: from
 		// now on the lock may expire ttl after sent.
@@ -130,7 +133,9 @@ func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call, what string)
 	}
 	var v any
 	var short, err error // short: see runAcked
-	if ttl > 0 && h.c.cfg.ack.on() {
+	if q := h.c.q; q != nil {
+		v, err = q.ask(ctx, c)
+	} else if ttl > 0 && h.c.cfg.ack.on() {
 		v, short, err = h.c.evalAcked(ctx, c, what)
 	} else {
 		v, err = h.c.eval(ctx, c)

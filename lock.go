@@ -80,6 +80,13 @@ func (c *Client) initLock(l *lock, name, kind string, opts []LockOption) {
 		l.err = err
 	} else if err := c.cfg.ack.err; err != nil {
 		l.err = err
+	} else if err := c.cfg.quorum.err; err != nil {
+		l.err = err
+	} else if c.q != nil {
+		l.err = c.q.checkLock(kind, cfg)
+	}
+	if c.q != nil {
+		l.proto = quorumProto{}
 	}
 }
 

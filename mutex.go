@@ -34,6 +34,9 @@ func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
 	if l, err, done := m.lk.start(ctx); done {
 		return l, err
 	}
+	if q := m.lk.c.q; q != nil {
+		return q.try(ctx, &m.lk)
+	}
 	return m.lk.try(ctx, 0)
 }
 
@@ -54,6 +57,9 @@ func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 	lk := &m.lk
 	if l, err, done := lk.start(ctx); done {
 		return l, err
+	}
+	if q := lk.c.q; q != nil {
+		return q.lock(ctx, lk)
 	}
 	h := lk.newHolding(ctx, 0)
 	if !lk.fair && lk.c.queued(lk.hash) {

@@ -16,10 +16,13 @@ type clientConfig struct {
 	autoPipeline bool
 
 	ack ackConfig // WithReplicaAck
+
+	quorum quorumConfig // WithNodeTimeout, WithRestartDelay
 }
 
 func defaultClientConfig() clientConfig {
-	return clientConfig{prefix: "dlock:", logger: nil, idle: 10 * time.Minute, autoPipeline: true}
+	return clientConfig{prefix: "dlock:", logger: nil, idle: 10 * time.Minute, autoPipeline: true,
+		quorum: quorumConfig{node: DefaultNodeTimeout, delay: DefaultRestartDelay}}
 }
 
 // WithPrefix sets the prefix of every Redis key and channel the Client uses.

@@ -284,6 +284,11 @@ func poke(ch chan struct{}) {
 type clientHandler struct{ c *Client }
 
 func (ch clientHandler) Message(channel, payload string) {
+	if p := ch.c.parent; p != nil { // a quorum master's: wake the quorum's waiters
+		f, ok := wire.ParseWake(payload)
+		p.released(channel, f, ok)
+		return
+	}
 	if f, token, ok := wire.ParseHandOver(payload); ok {
 		ch.c.handOver(token, f)
 		return
@@ -294,6 +299,10 @@ func (ch clientHandler) Message(channel, payload string) {
 
 func (ch clientHandler) Gap(channel string) {
 	ch.c.gaps.Add(1)
+	if p := ch.c.parent; p != nil {
+		p.released(channel, 0, false)
+		return
+	}
 	key, _ := strings.CutSuffix(channel, wire.InfixHandOver+ch.c.id)
 	ch.c.released(key, 0, false)
 }

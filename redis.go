@@ -303,6 +303,9 @@ func contextAware(rdb redis.UniversalClient) bool {
 // the next holder's process is woken first (bench/ -scenario hotkey). It is
 // sent once (see onceCmd): the caller resends it.
 func (c *Client) releaseCall(ctx context.Context, h *holding) (any, error) {
+	if c.q != nil {
+		return c.q.release(ctx, h)
+	}
 	args := h.cmd.release()
 	if !h.contended {
 		return c.runLine(ctx, h.cmd.relScript, args, false, nil, nil)

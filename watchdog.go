@@ -190,7 +190,7 @@ func (c *Client) watch() {
 // renew extends a batch of holdings in one pipeline, each to the TTL in
 // ttls; each holding's request slot is held.
 func (c *Client) renew(batch []*holding, ttls []time.Duration) {
-	sent := time.Now()
+	sent := c.sendTime()
 	earliest := sent.Add(time.Hour)
 	for _, h := range batch {
 		h.mu.Lock()
@@ -206,7 +206,13 @@ func (c *Client) renew(batch []*holding, ttls []time.Duration) {
 	for i, h := range batch {
 		calls[i] = h.lk.proto.extend(h, formatMillis(ttls[i]))
 	}
-	cmds, short := c.runExtends(ctx, calls)
+	var cmds []*redis.Cmd
+	short := make([]error, len(calls))
+	if c.q != nil {
+		cmds = c.q.extends(ctx, calls)
+	} else {
+		cmds, short = c.runExtends(ctx, calls)
+	}
 	for i, h := range batch {
 		v, err := cmds[i].Int64()
 		if err == nil && v == 1 && short[i] != nil {

@@ -205,6 +205,11 @@ const (
 // every lock channel has a '{' right after the prefix.
 func ProbeChannel(prefix string) string { return prefix + "probe" }
 
+// EpochKey is a quorum master's epoch key (see quorum_acquire.lua): when,
+// in server milliseconds, the master's data began. It has no braces, so no
+// lock name maps to it.
+func EpochKey(prefix string) string { return prefix + "epoch" }
+
 // HandOver is the message "g FENCE TOKEN" that tells the waiter holding
 // TOKEN that it now owns the lock with FENCE.
 func HandOver(fence uint64, token string) string {
@@ -307,9 +312,12 @@ var (
 	FairLeave   = load("fair_leave")
 	Sem         = load("sem")
 	ForceUnlock = load("force_unlock")
+
+	QuorumAcquire = load("quorum_acquire")
+	QuorumFence   = load("quorum_fence")
 )
 
 // Scripts lists every script.
 func Scripts() []*Script {
-	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock}
+	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, QuorumAcquire, QuorumFence}
 }

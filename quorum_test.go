@@ -1,0 +1,108 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// quorumMasters starts n independent masters whose data the test knows to
+// be new: their epoch keys are set to long ago, so they vote at once (a
+// master's first use otherwise waits out the restart delay).
+func quorumMasters(t *testing.T, n int) ([]*redistest.Server, []redis.UniversalClient) {
+	t.Helper()
+	servers := redistest.Masters(t, n)
+	rdbs := make([]redis.UniversalClient, n)
+	for i, s := range servers {
+		certifyOld(t, s)
+		rdbs[i] = s.Client(t)
+	}
+	return servers, rdbs
+}
+
+// certifyOld sets s's epoch key (default prefix) to the epoch of the clock.
+func certifyOld(t *testing.T, s *redistest.Server) {
+	t.Helper()
+	s.Do(t, "set", "dlock:epoch", "0")
+}
+
+func newQuorum(t *testing.T, rdbs []redis.UniversalClient, opts ...dlock.Option) *dlock.Client {
+	t.Helper()
+	c, err := dlock.NewQuorum(rdbs, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func TestQuorumMutexBasics(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	servers, rdbs := quorumMasters(t, 5)
+	a, b := newQuorum(t, rdbs), newQuorum(t, rdbs)
+	m := a.Mutex("basics", dlock.TTL(2*time.Second))
+	l, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders := 0
+	for _, s := range servers {
+		if s.Do(t, "hget", "dlock:{basics}", "o") == l.Token() {
+			holders++
+		}
+	}
+	if holders < 3 {
+		t.Fatalf("the lease is held on %d of 5 masters", holders)
+	}
+	if _, err := b.Mutex("basics").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock of a held lock: %v, want ErrNotObtained", err)
+	}
+	if ttl, err := l.TTL(ctx); err != nil || ttl <= 0 || ttl > 2*time.Second {
+		t.Fatalf("TTL: %v, %v", ttl, err)
+	}
+	if err := l.Extend(ctx, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Renewal keeps it past its TTL.
+	time.Sleep(4 * time.Second)
+	if err := l.Context().Err(); err != nil {
+		t.Fatalf("renewed lease ended: %v", context.Cause(l.Context()))
+	}
+	waited := make(chan *dlock.Lease)
+	go func() {
+		l2, err := b.Mutex("basics").Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		waited <- l2
+	}()
+	time.Sleep(100 * time.Millisecond)
+	released := time.Now()
+	f1 := l.Fence()
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2 := <-waited
+	if l2 == nil {
+		return
+	}
+	if d := time.Since(released); d > time.Second {
+		t.Fatalf("waiter took the lock %v after the release: not woken", d)
+	}
+	if l2.Fence() <= f1 {
+		t.Fatalf("fence %d after %d", l2.Fence(), f1)
+	}
+	if err := l2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range servers {
+		if o := s.Do(t, "hget", "dlock:{basics}", "o"); o != nil {
+			t.Fatalf("owner %v left after unlock", o)
+		}
+	}
+}
