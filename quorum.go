@@ -115,7 +115,7 @@ func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
 			return nil, invalidf("NewQuorum: master %d is a %T: each must be a *redis.Client of one master (or a failover client)", i, r)
 		}
 		addr := rc.Options().Addr
-		if j, dup := seen[addr]; dup && addr != "" && rc.Options().Dialer == nil {
+		if j, dup := seen[addr]; dup {
 			return nil, invalidf("NewQuorum: masters %d and %d are both %s: the masters must be independent", j, i, addr)
 		}
 		seen[addr] = i

@@ -3,6 +3,8 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,5 +106,200 @@ func TestQuorumMutexBasics(t *testing.T) {
 		if o := s.Do(t, "hget", "dlock:{basics}", "o"); o != nil {
 			t.Fatalf("owner %v left after unlock", o)
 		}
+	}
+}
+
+func TestQuorumBadSettings(t *testing.T) {
+	ctx := ctxT(t, 10*time.Second)
+	_, rdbs := quorumMasters(t, 3)
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer cluster.Close()
+	for _, c := range []struct {
+		name string
+		rdbs []redis.UniversalClient
+		opts []dlock.Option
+		want string
+	}{
+		{"two masters", rdbs[:2], nil, "at least 3"},
+		{"same master twice", []redis.UniversalClient{rdbs[0], rdbs[1], rdbs[0]}, nil, "both"},
+		{"a cluster", []redis.UniversalClient{rdbs[0], rdbs[1], cluster}, nil, "*redis.ClusterClient"},
+		{"replica ack", rdbs, []dlock.Option{dlock.WithReplicaAck(1, time.Second)}, "WithReplicaAck"},
+		{"node timeout", rdbs, []dlock.Option{dlock.WithNodeTimeout(0)}, "WithNodeTimeout"},
+		{"restart delay", rdbs, []dlock.Option{dlock.WithRestartDelay(-time.Second)}, "WithRestartDelay"},
+	} {
+		_, err := dlock.NewQuorum(c.rdbs, c.opts...)
+		if !errors.Is(err, dlock.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrInvalidArgument naming %q", c.name, err, c.want)
+		}
+	}
+	// Quorum options on a one-server Client are refused by its locks.
+	one := dlock.New(rdbs[0], dlock.WithRestartDelay(time.Second))
+	defer one.Close()
+	if _, err := one.Mutex("x").TryLock(ctx); !errors.Is(err, dlock.ErrInvalidArgument) || !strings.Contains(err.Error(), "NewQuorum only") {
+		t.Errorf("WithRestartDelay on New: %v", err)
+	}
+	q := newQuorum(t, rdbs, dlock.WithRestartDelay(5*time.Second))
+	for what, lock := range map[string]func() error{
+		"RWMutex":   func() error { _, err := q.RWMutex("x").Lock(ctx); return err },
+		"Semaphore": func() error { _, err := q.Semaphore("x", 2).Acquire(ctx, 1); return err },
+		"Fair":      func() error { _, err := q.Mutex("x", dlock.Fair()).TryLock(ctx); return err },
+	} {
+		if err := lock(); !errors.Is(err, errors.ErrUnsupported) {
+			t.Errorf("%s in quorum mode: %v, want errors.ErrUnsupported", what, err)
+		}
+	}
+	if _, err := q.Mutex("x", dlock.TTL(6*time.Second)).TryLock(ctx); !errors.Is(err, dlock.ErrInvalidArgument) || !strings.Contains(err.Error(), "restart delay") {
+		t.Errorf("TTL above the restart delay: %v", err)
+	}
+	l, err := q.Mutex("x", dlock.TTL(time.Second)).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Extend(ctx, 6*time.Second); !errors.Is(err, dlock.ErrInvalidArgument) {
+		t.Errorf("Extend above the restart delay: %v", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestQuorumYoungMastersDoNotVote: a master whose data began less than the
+// restart delay ago (here: just started, with no epoch key) does not vote
+// until the delay has passed since it started, and one that restarted
+// without persistence stops voting again.
+func TestQuorumYoungMastersDoNotVote(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers := redistest.Masters(t, 3)
+	rdbs := make([]redis.UniversalClient, len(servers))
+	for i, s := range servers {
+		rdbs[i] = s.Client(t)
+	}
+	const delay = 2 * time.Second
+	q := newQuorum(t, rdbs, dlock.WithRestartDelay(delay))
+	m := q.Mutex("young", dlock.TTL(time.Second))
+	start := time.Now()
+	_, err := m.TryLock(ctx)
+	if err == nil || errors.Is(err, dlock.ErrNotObtained) || !strings.Contains(err.Error(), "not voting") {
+		t.Fatalf("TryLock on masters up for under the restart delay: %v, want an error saying they do not vote", err)
+	}
+	var l *dlock.Lease
+	for l == nil {
+		if time.Since(start) > delay+5*time.Second {
+			t.Fatalf("masters never voted: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		l, err = m.TryLock(ctx)
+	}
+	if time.Since(start) < delay-time.Second { // uptime is in whole seconds
+		t.Fatalf("masters voted %v after they started, before the restart delay", time.Since(start))
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Two masters restart without their data: no majority votes.
+	servers[0].Restart(t)
+	servers[1].Restart(t)
+	if _, err := m.TryLock(ctx); err == nil || !strings.Contains(err.Error(), "not voting") {
+		t.Fatalf("TryLock with two of three masters restarted: %v, want not voting", err)
+	}
+}
+
+// TestQuorumFenceAfterMajorityMissesLargest: a grant whose majority
+// includes the master with the largest counter gets that counter as its
+// fence; a later grant whose majority misses that master must still get a
+// larger one (the first grant raised the counter on its whole majority).
+func TestQuorumFenceAfterMajorityMissesLargest(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	servers, rdbs := quorumMasters(t, 5)
+	const big = "9000000000000000"
+	servers[2].Do(t, "hset", "dlock:{fenced}", "f", big)
+	without := func(skip ...int) []redis.UniversalClient { return deadMasters(t, rdbs, skip...) }
+	first := newQuorum(t, without(3, 4)) // its majority: masters 0, 1, 2
+	l, err := first.Mutex("fenced").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strconv.FormatUint(l.Fence(), 10); got <= big || len(got) != len(big) {
+		t.Fatalf("first fence %s, want above the largest counter %s", got, big)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := newQuorum(t, without(2)) // its majority misses master 2
+	l2, err := second.Mutex("fenced").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Fence() <= l.Fence() {
+		t.Fatalf("second fence %d is not above the first %d: its majority missed the largest counter", l2.Fence(), l.Fence())
+	}
+	if err := l2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// deadMasters returns rdbs with the masters at skip replaced by clients of
+// ports where nothing listens (1 to 5): masters this Client cannot reach.
+func deadMasters(t *testing.T, rdbs []redis.UniversalClient, skip ...int) []redis.UniversalClient {
+	out := append([]redis.UniversalClient(nil), rdbs...)
+	for _, i := range skip {
+		out[i] = redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(i+1), MaxRetries: -1, DisableIdentity: true})
+		t.Cleanup(func() { _ = out[i].Close() })
+	}
+	return out
+}
+
+// TestQuorumMinorityIsNotEnough: with the lock held on masters 0-2, a
+// contender that gets masters 3 and 4 has no majority: not obtained, and
+// what it took on 3 and 4 is given back.
+func TestQuorumMinorityIsNotEnough(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	servers, rdbs := quorumMasters(t, 5)
+	holder := newQuorum(t, deadMasters(t, rdbs, 3, 4))
+	l, err := holder.Mutex("split").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newQuorum(t, rdbs)
+	if _, err := other.Mutex("split").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock with 2 of 5 masters free: %v, want ErrNotObtained", err)
+	}
+	for _, s := range servers[3:] {
+		if o := s.Do(t, "hget", "dlock:{split}", "o"); o != nil {
+			t.Fatalf("%s still holds a failed attempt's grant (owner %v)", s.Addr(), o)
+		}
+	}
+	if err := l.Context().Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestQuorumRenewalNeedsMajority: once three of five masters no longer
+// have the lease (an operator deleted it there), the next renewal cannot
+// get a majority and the lease ends with ErrLockLost, before its deadline.
+func TestQuorumRenewalNeedsMajority(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	servers, rdbs := quorumMasters(t, 5)
+	q := newQuorum(t, rdbs)
+	l, err := q.Mutex("renewed", dlock.TTL(3*time.Second)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range servers[:3] {
+		s.Do(t, "del", "dlock:{renewed}")
+	}
+	select {
+	case <-l.Context().Done():
+	case <-time.After(5 * time.Second): // past its deadline, unless renewals wrongly went on
+		t.Fatal("the lease outlived the renewals that found it on 2 of 5 masters")
+	}
+	if !errors.Is(context.Cause(l.Context()), dlock.ErrLockLost) {
+		t.Fatalf("cause %v, want ErrLockLost", context.Cause(l.Context()))
+	}
+	if err := l.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Unlock of a lost lease: %v", err)
 	}
 }
