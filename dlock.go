@@ -88,6 +88,11 @@
 // and fail closed with ErrNotReplicated without them; a replica that
 // confirmed can still fail itself), and a server clock that jumps forward
 // expires locks early.
+//
+// # Quorum mode
+//
+// NewQuorum takes every lock on a majority of independent masters (the
+// Redlock algorithm), for a Mutex; see NewQuorum for what it assumes.
 package dlock
 
 import (
