@@ -668,15 +668,21 @@ func (q *quorum) lock(ctx context.Context, lk *lock) (*Lease, error) {
 	}
 	lc, w, ready := q.join(lk, h)
 	defer q.leave(lc, w)
+	// Look again once subscribed (or after subscribeWait: a master down
+	// never confirms), or a release before the subscriptions went unheard.
 	bound := time.NewTimer(subscribeWait)
 	for _, ch := range ready {
 		select {
 		case <-ch:
 		case <-bound.C:
 		case <-ctx.Done():
+		case <-c.bg.Done():
 		}
 	}
 	bound.Stop()
+	if ctx.Err() == nil && !c.closed.Load() {
+		r, split, err = q.acquire(ctx, h)
+	}
 	backoff := q.node
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
