@@ -16,6 +16,10 @@ import (
 // TestMain starts.
 var addr = "127.0.0.1:6379"
 
+// quorumAddrs are the independent masters of the quorum example: in your
+// code, yours; under go test, private redis-servers that TestMain starts.
+var quorumAddrs []string
+
 // The README's first program, and the package doc's: a Client, a Mutex with
 // an option, Lock, a TryLock refused with ErrNotObtained, Unlock.
 // TestUsageIsExample keeps the three the same.
@@ -198,4 +202,30 @@ func ExampleRWMutex() {
 	// two readers: true
 	// writer while reading: true
 	// writer alone, fence above the readers': true
+}
+
+// Quorum mode: the lock is held on a majority of independent masters, so
+// one master's failure neither loses it nor lets a second holder in.
+func ExampleNewQuorum() {
+	ctx := context.Background()
+	var masters []redis.UniversalClient
+	for _, a := range quorumAddrs {
+		rdb := redis.NewClient(&redis.Options{Addr: a})
+		defer rdb.Close()
+		masters = append(masters, rdb)
+	}
+	locks, err := dlock.NewQuorum(masters)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locks.Close()
+
+	err = locks.Mutex("ledger").Do(ctx, func(ctx context.Context) error {
+		fmt.Println("held on a majority of", len(masters), "masters")
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Output: held on a majority of 3 masters
 }

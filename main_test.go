@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/dlock-go/dlock/internal/redisproc"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
@@ -22,8 +23,16 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	addr = s.Addr()
+	masters, err := exampleMasters(3)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting redis-servers for the quorum example:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	_ = s.Close()
+	for _, p := range masters {
+		_ = p.Close()
+	}
 	if code == 0 {
 		// redisproc keeps one OS thread for starting servers (so they die with it).
 		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/dlock-go/dlock/internal/redisproc.spawnLoop")); err != nil {
@@ -32,4 +41,26 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// exampleMasters starts the quorum example's masters, and sets their epoch
+// keys to long ago: they are new, so no lease of theirs can be lost, and
+// they may vote at once instead of after the restart delay.
+func exampleMasters(n int) ([]*redisproc.Server, error) {
+	var out []*redisproc.Server
+	for range n {
+		p, err := redisproc.Start(context.Background(), redisproc.Config{TempPrefix: "dlock-examples-"})
+		if err != nil {
+			return out, err
+		}
+		out = append(out, p)
+		rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true})
+		err = rdb.Set(context.Background(), "dlock:epoch", 0, 0).Err()
+		_ = rdb.Close()
+		if err != nil {
+			return out, err
+		}
+		quorumAddrs = append(quorumAddrs, p.Addr())
+	}
+	return out, nil
 }
