@@ -53,7 +53,9 @@ type LinkedCluster struct {
 // replicas each, as ReplicatedCluster does, with every node behind its
 // link (see LinkedCluster). A replica may be promoted however long its
 // link was held (cluster-replica-validity-factor 0): a held link must not
-// decide whether a failover happens.
+// decide whether a failover happens. The node timeout is 1s, so that a
+// killed master is replaced within about 3s (less than the leases of the
+// fault tests that use it live).
 func StartLinkedCluster(t testing.TB, masters, replicas int) *LinkedCluster {
 	t.Helper()
 	c := &LinkedCluster{
@@ -61,7 +63,7 @@ func StartLinkedCluster(t testing.TB, masters, replicas int) *LinkedCluster {
 		real:    map[string]string{},
 		servers: map[string]*Server{},
 	}
-	extra := append([]string{"--cluster-replica-validity-factor", "0"}, fastSync...)
+	extra := append([]string{"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0"}, fastSync...)
 	c.Masters, c.Replicas = replicatedCluster(t, masters, replicas, extra, func(s *Server) {
 		link := startLink(t, s)
 		c.links[s] = link
