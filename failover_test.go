@@ -278,11 +278,13 @@ func fault5WithReplicaAck(t *testing.T, start func() fault5Topology) {
 			close(held)
 		}
 		<-held
+		outcome := "granted"
 		switch {
 		case err == nil:
 			granted++
 		case errors.Is(err, dlock.ErrNotReplicated):
 			refused++
+			outcome = fmt.Sprintf("refused (%v)", err)
 		default:
 			t.Fatalf("round %d (moment %d, delay %v): Lock: %v", round, moment, delay, err)
 		}
@@ -314,8 +316,8 @@ func fault5WithReplicaAck(t *testing.T, start func() fault5Topology) {
 				t.Fatalf("round %d (moment %d, delay %v): double grant: the first lease was believed valid until %v after the second grant was sent", round, moment, delay, d.Sub(sent2))
 			}
 		}
-		t.Logf("round %d: moment %d (delay %v): first %v; promoted %v after the kill; second grant sent %v after that",
-			round, moment, delay, map[bool]string{true: "granted", false: "refused"}[l1 != nil], promotion.Round(time.Millisecond), sent2.Sub(promoted).Round(time.Millisecond))
+		t.Logf("round %d: moment %d (delay %v): first %s; promoted %v after the kill; second grant sent %v after that",
+			round, moment, delay, outcome, promotion.Round(time.Millisecond), sent2.Sub(promoted).Round(time.Millisecond))
 		_ = l2.Unlock(ctx)
 		_ = first.Close()
 		_ = second.Close()
