@@ -29,7 +29,7 @@ chaos: redis-server
 	DLOCK_CHAOS=$${DLOCK_CHAOS:-10s} DLOCK_CHAOS_ROUNDS=$${DLOCK_CHAOS_ROUNDS:-10} \
 		$(GO) test -race -count=1 -timeout 90m -run '^TestInterleavings(ReplicaAck)?$$' .
 	DLOCK_FAILOVER_ROUNDS=$${DLOCK_FAILOVER_ROUNDS:-20} \
-		$(GO) test -race -count=1 -timeout 30m -run '^TestFault5WithReplicaAck$$' .
+		$(GO) test -race -count=1 -timeout 30m -run '^TestFault5(Cluster)?WithReplicaAck$$' .
 
 demo: redis-server
 	$(GO) run ./cmd/dlock market

@@ -10,20 +10,103 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/faultproxy"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/dlock-go/dlock/internal/wire"
 )
 
+// fault5Topology is where fault 5 of shared/SAFETY.md is played: R (a
+// primary, its replica and sentinels) or C (a cluster, one replica per
+// master), each with its replication links through fault proxies.
+type fault5Topology interface {
+	// client returns a new go-redis client of the topology, closed when
+	// the test ends.
+	client(t *testing.T) redis.UniversalClient
+	// link returns the proxy on the replication link from the primary
+	// that serves key to its replica.
+	link(t *testing.T, key string) *faultproxy.Proxy
+	// exists returns EXISTS key on the primary that serves key and on its
+	// replica.
+	exists(t *testing.T, key string) (onPrimary, onReplica int64)
+	// crash kills the primary that serves key with SIGKILL and waits
+	// until its replica is promoted by the topology itself (Sentinel, the
+	// cluster); it returns how long that took from the kill.
+	crash(t *testing.T, key string) time.Duration
+	// rejoin brings the server crash killed back as a replica of the
+	// promoted one, through a released link.
+	rejoin(t *testing.T)
+}
+
+// sentinelFault5 is fault5Topology on R.
+type sentinelFault5 struct{ r *redistest.Replicated }
+
+func (s sentinelFault5) client(t *testing.T) redis.UniversalClient { return s.r.Client(t) }
+
+func (s sentinelFault5) link(*testing.T, string) *faultproxy.Proxy { return s.r.Link }
+
+func (s sentinelFault5) exists(t *testing.T, key string) (int64, int64) {
+	return s.r.Primary.Do(t, "EXISTS", key).(int64), s.r.Replica.Do(t, "EXISTS", key).(int64)
+}
+
+func (s sentinelFault5) crash(t *testing.T, _ string) time.Duration { return s.r.CrashPrimary(t) }
+
+func (s sentinelFault5) rejoin(t *testing.T) { s.r.Rejoin(t) }
+
+// clusterFault5 is fault5Topology on C.
+type clusterFault5 struct {
+	c      *redistest.LinkedCluster
+	killed *redistest.Server
+}
+
+func (c *clusterFault5) client(t *testing.T) redis.UniversalClient { return c.c.Client(t) }
+
+func (c *clusterFault5) link(t *testing.T, key string) *faultproxy.Proxy {
+	return c.c.Link(c.c.MasterOf(t, key))
+}
+
+func (c *clusterFault5) exists(t *testing.T, key string) (int64, int64) {
+	ctx := ctxT(t, 10*time.Second)
+	m := c.c.MasterOf(t, key)
+	rs := c.c.ReplicasOf(t, m)
+	if len(rs) != 1 {
+		t.Fatalf("the master of %s has %d replicas, want 1", key, len(rs))
+	}
+	return m.Do(t, "EXISTS", key).(int64), rs[0].Client(t, readOnly).Exists(ctx, key).Val()
+}
+
+func (c *clusterFault5) crash(t *testing.T, key string) time.Duration {
+	c.killed = c.c.MasterOf(t, key)
+	_, took := c.c.CrashMaster(t, c.killed)
+	return took
+}
+
+func (c *clusterFault5) rejoin(t *testing.T) { c.c.Rejoin(t, c.killed) }
+
 // TestFault5DoubleGrantWithoutReplicaAck reproduces fault 5 of
 // shared/SAFETY.md on topology R: the primary dies after a grant it never
 // sent to its replica, the sentinels promote the replica, and a second
 // Client is granted the same lock while the first lease still believes it
-// is valid. This is the documented limit without replica acknowledgement
-// (Redis replicates asynchronously and the lock was granted without
-// waiting for a replica); with WithReplicaAck the first grant fails closed
-// instead (TestFault5WithReplicaAck).
+// is valid (see fault5DoubleGrant).
+func TestFault5DoubleGrantWithoutReplicaAck(t *testing.T) {
+	fault5DoubleGrant(t, sentinelFault5{redistest.StartReplicatedVia(t)})
+}
+
+// TestFault5ClusterDoubleGrantWithoutReplicaAck is
+// TestFault5DoubleGrantWithoutReplicaAck on topology C: the master that
+// serves the lock's slot dies after a grant it never sent to its replica,
+// and the cluster promotes the replica (its other masters vote for it).
+func TestFault5ClusterDoubleGrantWithoutReplicaAck(t *testing.T) {
+	fault5DoubleGrant(t, &clusterFault5{c: redistest.StartLinkedCluster(t, 3, 1)})
+}
+
+// fault5DoubleGrant reproduces fault 5 on topo: the double grant that is
+// the documented limit without replica acknowledgement (Redis replicates
+// asynchronously and the lock was granted without waiting for a replica);
+// with WithReplicaAck the first grant fails closed instead
+// (fault5WithReplicaAck).
 //
 // It is made deterministic, not a race: the replication link is held (a
 // proxy keeps the primary's stream from the replica, losing nothing,
@@ -34,14 +117,13 @@ import (
 // hook keeps that first renewal from being sent before the second grant, in
 // case the failover takes longer than that third; in the usual run the
 // second grant comes first and the hook does not wait.
-func TestFault5DoubleGrantWithoutReplicaAck(t *testing.T) {
+func fault5DoubleGrant(t *testing.T, topo fault5Topology) {
 	const ttl = 30 * time.Second
 	const name = "fault5"
-	r := redistest.StartReplicatedVia(t)
 	ctx := ctxT(t, 60*time.Second)
-	first := dlock.New(r.Client(t))
+	first := dlock.New(topo.client(t))
 	t.Cleanup(func() { _ = first.Close() })
-	second := dlock.New(r.Client(t))
+	second := dlock.New(topo.client(t))
 	t.Cleanup(func() { _ = second.Close() })
 
 	granted := make(chan struct{}) // closed at the second grant
@@ -58,26 +140,27 @@ func TestFault5DoubleGrantWithoutReplicaAck(t *testing.T) {
 		}
 	})
 
-	r.Link.Hold(faultproxy.Downstream)
+	key := wire.HashKey(wire.DefaultPrefix, name)
+	topo.link(t, key).Hold(faultproxy.Downstream)
 	l1, err := first.Mutex(name, dlock.TTL(ttl)).Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	grant1 := time.Now()
-	key := wire.HashKey(wire.DefaultPrefix, name)
-	if n := r.Primary.Do(t, "EXISTS", key); n != int64(1) {
-		t.Fatalf("EXISTS %s on the primary = %v after the grant", key, n)
+	onPrimary, onReplica := topo.exists(t, key)
+	if onPrimary != 1 {
+		t.Fatalf("EXISTS %s on the primary = %v after the grant", key, onPrimary)
 	}
-	if n := r.Replica.Do(t, "EXISTS", key); n != int64(0) {
-		t.Fatalf("EXISTS %s on the replica = %v: the held link let the grant through", key, n)
+	if onReplica != 0 {
+		t.Fatalf("EXISTS %s on the replica = %v: the held link let the grant through", key, onReplica)
 	}
 
-	promotion := r.CrashPrimary(t) // SIGKILL; the sentinels promote the replica on their own
-	t.Logf("the sentinels promoted the replica %v after the kill", promotion.Round(time.Millisecond))
+	promotion := topo.crash(t, key) // SIGKILL; the topology promotes the replica on its own
+	t.Logf("the replica was promoted %v after the kill", promotion.Round(time.Millisecond))
 
-	// The failover client finds the new primary; until it does, attempts
-	// fail with connection errors. An ErrNotObtained would mean the grant
-	// survived: no double grant.
+	// The client finds the new primary; until it does, attempts fail with
+	// connection errors. An ErrNotObtained would mean the grant survived:
+	// no double grant.
 	var l2 *dlock.Lease
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -126,46 +209,64 @@ func TestFault5DoubleGrantWithoutReplicaAck(t *testing.T) {
 	}
 }
 
-// TestFault5WithReplicaAck is fault 5 with WithReplicaAck(1, ...): the
-// replication link is held, at a moment a seed draws, before the first
-// Client's Lock, while it is on the wire, or after it returned; then the
-// primary is killed, the sentinels promote the replica, and a second Client
-// takes the lock on it. The first lease, if it was granted at all, must
-// have ended (by its own deadline) before the second grant was sent: with
-// the link held before the grant, its Lock fails with ErrNotReplicated
-// instead of reproducing TestFault5DoubleGrantWithoutReplicaAck's double
-// grant. Each round fails the primary over; DLOCK_FAILOVER_ROUNDS sets how
-// many (default 3, one of each moment; make chaos runs more), DLOCK_SEED
-// replays a run.
+// TestFault5WithReplicaAck is fault 5 on topology R with WithReplicaAck
+// (see fault5WithReplicaAck).
 func TestFault5WithReplicaAck(t *testing.T) {
-	// Longer than a promotion takes (about 3s): a lease granted before the
-	// cut is still held when the replica is promoted with it.
+	fault5WithReplicaAck(t, func() fault5Topology { return sentinelFault5{redistest.StartReplicatedVia(t)} })
+}
+
+// TestFault5ClusterWithReplicaAck is fault 5 on topology C with
+// WithReplicaAck: each round kills the master that serves the round's
+// lock, which the cluster replaces by its replica; the killed master
+// rejoins as that replica's replica, through its link, for the next round
+// (see fault5WithReplicaAck).
+func TestFault5ClusterWithReplicaAck(t *testing.T) {
+	fault5WithReplicaAck(t, func() fault5Topology { return &clusterFault5{c: redistest.StartLinkedCluster(t, 3, 1)} })
+}
+
+// fault5WithReplicaAck is fault 5 with WithReplicaAck(1, ...) on the
+// topology start makes: the replication link is held, at a moment a seed
+// draws, before the first Client's Lock, while it is on the wire, or after
+// it returned; then the primary is killed, the topology promotes the
+// replica, and a second Client takes the lock on it. The first lease, if it
+// was granted at all, must have ended (by its own deadline) before the
+// second grant was sent: with the link held before the grant, its Lock
+// fails with ErrNotReplicated instead of reproducing fault5DoubleGrant's
+// double grant. Each round fails the primary over; DLOCK_FAILOVER_ROUNDS
+// sets how many (default 3, one of each moment; make chaos runs more),
+// DLOCK_SEED replays a run.
+func fault5WithReplicaAck(t *testing.T, start func() fault5Topology) {
+	// Longer than a promotion takes (a few seconds: the primary is found
+	// down after 1s by the sentinels or the cluster, then an election): a
+	// lease granted before the cut is still held when the replica is
+	// promoted with it.
 	const ttl = 5 * time.Second
 	rounds := envRounds(t, "DLOCK_FAILOVER_ROUNDS", 3)
 	seed, replay := envSeed(t)
 	if !replay {
 		seed = rand.Uint64N(1 << 40)
 	}
-	t.Logf("seed %d (replay: DLOCK_SEED=%d DLOCK_FAILOVER_ROUNDS=%d go test -race -count=1 -run '^TestFault5WithReplicaAck$' .)", seed, seed, rounds)
+	t.Logf("seed %d (replay: DLOCK_SEED=%d DLOCK_FAILOVER_ROUNDS=%d go test -race -count=1 -run '^%s$' .)", seed, seed, rounds, t.Name())
 	rng := rand.New(rand.NewPCG(seed, 5))
-	r := redistest.StartReplicatedVia(t)
+	topo := start()
 	ctx := ctxT(t, time.Duration(rounds)*60*time.Second)
 	refused, granted := 0, 0
 	for round := range rounds {
 		name := fmt.Sprintf("fault5-ack-%d", round)
-		first := dlock.New(r.Client(t), dlock.WithReplicaAck(1, 300*time.Millisecond))
-		second := dlock.New(r.Client(t))
+		link := topo.link(t, wire.HashKey(wire.DefaultPrefix, name))
+		first := dlock.New(topo.client(t), dlock.WithReplicaAck(1, 300*time.Millisecond))
+		second := dlock.New(topo.client(t))
 		moment := (round + int(seed%3)) % 3 // each moment once in three rounds
 		delay := time.Duration(rng.Int64N(int64(8 * time.Millisecond)))
 		held := make(chan struct{})
 		switch moment {
 		case 0:
-			r.Link.Hold(faultproxy.Downstream)
+			link.Hold(faultproxy.Downstream)
 			close(held)
 		case 1:
 			go func() {
 				time.Sleep(delay)
-				r.Link.Hold(faultproxy.Downstream)
+				link.Hold(faultproxy.Downstream)
 				close(held)
 			}()
 		}
@@ -173,15 +274,17 @@ func TestFault5WithReplicaAck(t *testing.T) {
 		l1, err := first.Mutex(name, dlock.TTL(ttl)).Lock(lctx)
 		cancel()
 		if moment == 2 {
-			r.Link.Hold(faultproxy.Downstream)
+			link.Hold(faultproxy.Downstream)
 			close(held)
 		}
 		<-held
+		outcome := "granted"
 		switch {
 		case err == nil:
 			granted++
 		case errors.Is(err, dlock.ErrNotReplicated):
 			refused++
+			outcome = fmt.Sprintf("refused (%v)", err)
 		default:
 			t.Fatalf("round %d (moment %d, delay %v): Lock: %v", round, moment, delay, err)
 		}
@@ -189,7 +292,7 @@ func TestFault5WithReplicaAck(t *testing.T) {
 			t.Fatalf("round %d: granted with the replication link held before the Lock", round)
 		}
 
-		promotion := r.CrashPrimary(t)
+		promotion := topo.crash(t, wire.HashKey(wire.DefaultPrefix, name))
 		promoted := time.Now()
 		var l2 *dlock.Lease
 		var sent2 time.Time
@@ -213,13 +316,13 @@ func TestFault5WithReplicaAck(t *testing.T) {
 				t.Fatalf("round %d (moment %d, delay %v): double grant: the first lease was believed valid until %v after the second grant was sent", round, moment, delay, d.Sub(sent2))
 			}
 		}
-		t.Logf("round %d: moment %d (delay %v): first %v; promoted %v after the kill; second grant sent %v after that",
-			round, moment, delay, map[bool]string{true: "granted", false: "refused"}[l1 != nil], promotion.Round(time.Millisecond), sent2.Sub(promoted).Round(time.Millisecond))
+		t.Logf("round %d: moment %d (delay %v): first %s; promoted %v after the kill; second grant sent %v after that",
+			round, moment, delay, outcome, promotion.Round(time.Millisecond), sent2.Sub(promoted).Round(time.Millisecond))
 		_ = l2.Unlock(ctx)
 		_ = first.Close()
 		_ = second.Close()
 		if round < rounds-1 {
-			r.Rejoin(t)
+			topo.rejoin(t)
 		}
 	}
 	t.Logf("%d rounds: %d refused, %d granted and ended before the second grant", rounds, refused, granted)

@@ -84,6 +84,12 @@ func contend(t *testing.T, ctx context.Context, rdb *redis.Client, workers, each
 	}
 }
 
+// readOnly makes a go-redis client send READONLY on each connection, so
+// that a cluster replica answers reads of the slots its master serves.
+func readOnly(o *redis.Options) {
+	o.OnConnect = func(ctx context.Context, cn *redis.Conn) error { return cn.ReadOnly(ctx).Err() }
+}
+
 // waitLine waits until the line of the lock key has n waiters.
 func waitLine(t *testing.T, ctx context.Context, rdb *redis.Client, key string, n int64) {
 	t.Helper()

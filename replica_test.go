@@ -290,9 +290,7 @@ func TestReplicaAckOnCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := replicaOf(name).Client(t, func(o *redis.Options) {
-			o.OnConnect = func(ctx context.Context, cn *redis.Conn) error { return cn.ReadOnly(ctx).Err() }
-		})
+		r := replicaOf(name).Client(t, readOnly)
 		if got, _ := r.HGet(ctx, "dlock:{"+name+"}", "o").Result(); got != l.Token() {
 			t.Fatalf("%s: its master's replica names owner %q, want %q", name, got, l.Token())
 		}

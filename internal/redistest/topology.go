@@ -24,14 +24,28 @@ const topologyTimeout = 30 * time.Second
 // is in sync with its master.
 func ReplicatedCluster(t testing.TB, masters, replicas int) ([]*Server, [][]*Server) {
 	t.Helper()
+	return replicatedCluster(t, masters, replicas, nil, nil)
+}
+
+// replicatedCluster is ReplicatedCluster with extra config arguments for
+// every node, and announce, if not nil, called on each node once it runs
+// and before the nodes meet (so that the others learn the address it
+// announces from its first message).
+func replicatedCluster(t testing.TB, masters, replicas int, extra []string, announce func(*Server)) ([]*Server, [][]*Server) {
+	t.Helper()
 	if masters < 1 || replicas < 0 {
 		t.Fatalf("redistest: ReplicatedCluster(%d, %d): need at least one master", masters, replicas)
 	}
-	all := Masters(t, masters*(1+replicas), Options{Args: []string{
+	all := Masters(t, masters*(1+replicas), Options{Args: append([]string{
 		"--cluster-enabled", "yes",
 		"--cluster-config-file", "nodes.conf",
 		"--cluster-node-timeout", "2000",
-	}})
+	}, extra...)})
+	if announce != nil {
+		for _, s := range all {
+			announce(s)
+		}
+	}
 	ms, rest := all[:masters], all[masters:]
 	for i, s := range ms {
 		s.Do(t, "CLUSTER", "ADDSLOTSRANGE", i*16384/masters, (i+1)*16384/masters-1)
