@@ -35,6 +35,13 @@ PREFIX{PATTERN}, and reads each batch of keys in one pipelined round trip.
 On a Cluster it scans every master. The listing is not a snapshot: locks
 taken or released during the scan may or may not appear.
 
+Quorum mode (3 or more --redis masters): every name found on any master,
+with the state the masters hold it in together (held, partial, free: see
+dlock status -h) and on how many of them its owner holds it (HELD ON;
+held_on in --json). A master that cannot be read is named on stderr and
+left out. The masters' epoch keys (PREFIX + "epoch") are not locks and are
+never listed.
+
 Examples:
 
   dlock list
@@ -43,7 +50,8 @@ Examples:
   dlock list --prefix jobs: --limit 50
 
 Exit codes: 0 ok (also when nothing matches), 64 usage error, 69 Redis
-unavailable, 1 any other error.
+unavailable (quorum mode: fewer than a majority of the masters answer), 1
+any other error.
 
 Flags:
 `
@@ -77,7 +85,14 @@ func runList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *limit < 0 {
 		return usageErr(fmt.Errorf("--limit %d is negative", *limit))
 	}
-	rdb, code := fl.connect(ctx, stderr, "dlock list")
+	targets, code := fl.targets(stderr, "dlock list")
+	if targets == nil {
+		return code
+	}
+	if len(targets) > 1 {
+		return listQuorum(ctx, targets, fl, pattern, *limit, stdout, stderr)
+	}
+	rdb, code := connectOne(ctx, targets[0], stderr, "dlock list")
 	if rdb == nil {
 		return code
 	}
