@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,14 +64,13 @@ func closeClients(rdbs []redis.UniversalClient) error {
 // badTargetError, exit 64), else a quorumDownError if fewer than a
 // majority answered, else nil.
 func quorumErr(errs []error) error {
-	for _, err := range errs {
-		if connectExitCode(err) == exitUsage && err != nil {
-			return err
-		}
-	}
 	down := 0
 	for _, err := range errs {
-		if err != nil {
+		switch {
+		case err == nil:
+		case connectExitCode(err) == exitUsage:
+			return err
+		default:
 			down++
 		}
 	}
@@ -207,7 +207,7 @@ func readVote(ctx context.Context, rdb redis.Cmdable, epochKey string, delay tim
 	return v, nil
 }
 
-// infoInt is the integer field name of an INFO reply.
+// infoInt returns the integer field name of an INFO reply.
 func infoInt(info, name string) (int64, bool) {
 	for _, line := range strings.Split(info, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
@@ -275,7 +275,7 @@ func (s lockServers) available(ctx context.Context, d time.Duration) error {
 		case errs[i] != nil:
 			why = append(why, s.targets[i].display+": "+masterErrText(errs[i]))
 		case !v.Votes:
-			why = append(why, s.targets[i].display+": does not vote: "+voteText(v))
+			why = append(why, s.targets[i].display+": not voting: "+strings.TrimPrefix(voteText(v), "no: "))
 		}
 	}
 	n := len(s.rdbs)
@@ -591,14 +591,7 @@ func writeQuorumStatus(w io.Writer, q quorumInfo, delay time.Duration) {
 				state = "foreign:" + l.RedisType
 			}
 		}
-		fence, token := "-", "-"
-		if l.Fence != 0 {
-			fence = strconv.FormatUint(l.Fence, 10)
-		}
-		if l.Token != "" {
-			token = textSafe(tokenPrefix(l.Token))
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", v.Master, state, token, fence, formatTTL(l.TTLMillis), voteText(*v.Vote))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", v.Master, state, cell(textSafe(tokenPrefix(l.Token))), fenceCell(l.Fence), formatTTL(l.TTLMillis), voteText(*v.Vote))
 	}
 	_ = tw.Flush()
 }
@@ -613,25 +606,26 @@ func tokenPrefix(token string) string {
 }
 
 // listQuorum is dlock list in quorum mode: the names found on any master
-// that answered, each summed up over the masters as status does.
-func listQuorum(ctx context.Context, targets []*redisTarget, fl inspectFlags, pattern string, limit int, stdout, stderr io.Writer) int {
+// that answered, sorted, each summed up over the masters as status does.
+// Without a majority answering it reports the error and returns no infos
+// and the exit code.
+func listQuorum(ctx context.Context, targets []*redisTarget, prefix, pattern string, limit int, stderr io.Writer) (infos []quorumInfo, more bool, code int) {
 	type found struct {
 		infos []lockInfo
 		more  bool
 	}
 	lists, errs, err := eachMaster(ctx, targets, func(ctx context.Context, rdb redis.UniversalClient) (found, error) {
-		infos, more, err := listLocks(ctx, rdb, *fl.prefix, pattern, limit)
+		infos, more, err := listLocks(ctx, rdb, prefix, pattern, limit)
 		return found{infos, more}, err
 	})
 	if err == nil {
 		err = quorumErr(errs)
 	}
 	if err != nil {
-		return reportRedisErr(ctx, stderr, "dlock list", err)
+		return nil, false, reportRedisErr(ctx, stderr, "dlock list", err)
 	}
 	n := len(targets)
 	byName := map[string][]*lockInfo{}
-	more := false
 	for i, l := range lists {
 		if errs[i] != nil {
 			fmt.Fprintf(stderr, "dlock list: master %s left out: %s\n", targets[i].display, masterErrText(errs[i]))
@@ -645,14 +639,8 @@ func listQuorum(ctx context.Context, targets []*redisTarget, fl inspectFlags, pa
 			byName[info.Name][i] = &info
 		}
 	}
-	infos := []quorumInfo{} // "[]" in JSON when nothing matches
-	for _, name := range slices.Sorted(func(yield func(string) bool) {
-		for name := range byName {
-			if !yield(name) {
-				return
-			}
-		}
-	}) {
+	infos = []quorumInfo{} // "[]" in JSON when nothing matches
+	for _, name := range slices.Sorted(maps.Keys(byName)) {
 		locks := byName[name]
 		key := ""
 		for i, l := range locks {
@@ -668,36 +656,19 @@ func listQuorum(ctx context.Context, targets []*redisTarget, fl inspectFlags, pa
 	if limit > 0 && len(infos) > limit {
 		infos, more = infos[:limit], true
 	}
-	if more {
-		fmt.Fprintf(stderr, "dlock list: showing the first %d matches; there may be more (--limit)\n", limit)
-	}
-	if *fl.json {
-		return writeJSON(stdout, stderr, "dlock list", infos)
-	}
-	writeQuorumList(stdout, infos)
-	return exitOK
+	return infos, more, exitOK
 }
 
 // writeQuorumList prints quorum locks as a table.
 func writeQuorumList(w io.Writer, infos []quorumInfo) {
-	if len(infos) == 0 {
-		fmt.Fprintln(w, "no locks match")
-		return
-	}
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tTYPE\tSTATE\tHELD ON\tFENCE\tTTL\tCLIENTS WAITING\tTOKEN")
 	for _, q := range infos {
-		fence, token, ttl := "-", "-", "-"
-		if q.Fence != 0 {
-			fence = strconv.FormatUint(q.Fence, 10)
-		}
-		if q.Token != "" {
-			token = textSafe(q.Token)
-		}
+		ttl := "-"
 		if q.State == "held" {
 			ttl = formatTTL(q.TTLMillis)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%d\t%s\n", textSafe(q.Name), q.Type, q.State, q.HeldOn, q.Masters, fence, ttl, q.WaitingClients, token)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%d\t%s\n", textSafe(q.Name), q.Type, q.State, q.HeldOn, q.Masters, fenceCell(q.Fence), ttl, q.WaitingClients, cell(textSafe(q.Token)))
 	}
 	_ = tw.Flush()
 }

@@ -268,14 +268,21 @@ func TestUnlockQuorum(t *testing.T) {
 }
 
 // With 3 of 5 masters killed under a running dlock run, its lease is lost
-// (exit 76), and nothing is left held on the 2 that remain; a new run then
-// fails at once with a clear error (exit 69), COMMAND not run, and nothing
-// held; status and unlock say the same (69).
+// (exit 76), and nothing is left held on the 2 that remain; a run waiting
+// for the lock then exits 69 when its --wait runs out (the quorum cannot
+// grant: not a lock held elsewhere), and a new run fails at once with a
+// clear error (69), COMMAND not run, nothing held; status and unlock say
+// the same (69).
 func TestRunQuorumMajorityDown(t *testing.T) {
 	t.Parallel()
 	servers, urls := quorumMasters(t, 5)
 	holder := startQuorum(t, urls, "run", "--ttl", "2s", "--kill-grace", "300ms", "down", "--", "sh", "-c", `echo "$DLOCK_TOKEN $DLOCK_FENCE"; exec sleep 30`)
 	token, _ := holderOf(t, holder)
+	// A waiter whose --wait runs out after the masters went down.
+	waiter := startQuorum(t, urls, "run", "--wait", "6s", "down", "--", "echo", "ran")
+	for _, s := range servers {
+		waitSubscribed(t, s.Client(t), "dlock:{down}", 1)
+	}
 	// Two masters that hold the lock live on: they must not keep it.
 	var live, dead []*redistest.Server
 	var deadURLs []string
@@ -294,6 +301,13 @@ func TestRunQuorumMajorityDown(t *testing.T) {
 	}
 	if owners := ownerOn(t, live, "down"); count(owners, "") != 2 {
 		t.Errorf("owners left on the live masters after the lost lease (holder %s): %q", token, owners)
+	}
+	// Not "held elsewhere": the quorum cannot grant it.
+	if code := waiter.exit(); code != exitUnavailable || waiter.stdout.String() != "" || !strings.Contains(waiter.stderr.String(), "2 of 5 masters answer and vote, and a lock needs 3") {
+		t.Errorf("waiter: exit %d, stdout %q, stderr %q; want %d, COMMAND not run, the quorum unavailable", code, waiter.stdout, waiter.stderr, exitUnavailable)
+	}
+	if owners := ownerOn(t, live, "down"); count(owners, "") != 2 {
+		t.Errorf("owners left on the live masters after the waiter's attempts: %q", owners)
 	}
 
 	code, out, errOut := runQuorum(t, urls, "run", "down", "--", "echo", "ran")
