@@ -299,8 +299,9 @@ func TestRunQuorumMajorityDown(t *testing.T) {
 	if code := holder.exit(); code != exitLeaseLost {
 		t.Errorf("holder: exit %d, want %d; stderr %q", code, exitLeaseLost, holder.stderr)
 	}
-	if owners := ownerOn(t, live, "down"); count(owners, "") != 2 {
-		t.Errorf("owners left on the live masters after the lost lease (holder %s): %q", token, owners)
+	// (The waiter's attempts, given back at once, may hold it for a moment.)
+	if owners := ownerOn(t, live, "down"); count(owners, token) != 0 {
+		t.Errorf("the holder's token %s left on the live masters after its lease was lost: %q", token, owners)
 	}
 	// Not "held elsewhere": the quorum cannot grant it.
 	if code := waiter.exit(); code != exitUnavailable || waiter.stdout.String() != "" || !strings.Contains(waiter.stderr.String(), "2 of 5 masters answer and vote, and a lock needs 3") {
