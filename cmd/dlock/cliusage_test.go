@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -116,20 +117,41 @@ func TestLockCommandsReadRedisURLFromEnvironment(t *testing.T) {
 func TestResolveRedisURL(t *testing.T) {
 	t.Setenv("DLOCK_REDIS_URL", "")
 	t.Setenv("REDIS_URL", "")
-	if got := resolveRedisURL(""); got != defaultRedisURL {
+	if got := resolveRedisURLs(nil); !slices.Equal(got, []string{defaultRedisURL}) {
 		t.Errorf("default: %q", got)
 	}
 	t.Setenv("REDIS_URL", "redis://b")
 	t.Setenv("DLOCK_REDIS_URL", "redis://a")
-	if got := resolveRedisURL("redis://flag"); got != "redis://flag" {
+	if got := resolveRedisURLs([]string{"redis://flag"}); !slices.Equal(got, []string{"redis://flag"}) {
 		t.Errorf("flag: %q", got)
 	}
-	if got := resolveRedisURL(""); got != "redis://a" {
+	if got := resolveRedisURLs(nil); !slices.Equal(got, []string{"redis://a"}) {
 		t.Errorf("DLOCK_REDIS_URL: %q", got)
+	}
+	t.Setenv("DLOCK_REDIS_URL", "redis://a:1, rediss://b:2,unix:///c.sock")
+	if got := resolveRedisURLs(nil); !slices.Equal(got, []string{"redis://a:1", "rediss://b:2", "unix:///c.sock"}) {
+		t.Errorf("DLOCK_REDIS_URL list: %q", got)
 	}
 	for _, u := range []string{"redis://h:1/2", "rediss://h:1", "unix:///tmp/r.sock", "redis+cluster://h:1?addr=h:2", "redis+sentinel://h:1?master_name=m"} {
 		if _, err := parseRedisTarget(u); err != nil {
 			t.Errorf("parseRedisTarget(%q): %v", u, err)
+		}
+	}
+}
+
+// A list splits only where a whole URL follows the comma: a comma in a
+// password or a query value stays where it is.
+func TestSplitURLs(t *testing.T) {
+	for in, want := range map[string][]string{
+		"redis://a:1":                          {"redis://a:1"},
+		"redis://u:p,w@a:1":                    {"redis://u:p,w@a:1"},
+		"redis://a:1?password=x,y":             {"redis://a:1?password=x,y"},
+		"redis://a:1,redis://b:2,redis://c:3":  {"redis://a:1", "redis://b:2", "redis://c:3"},
+		" redis://a:1 ,  redis+sentinel://s:2": {"redis://a:1", "redis+sentinel://s:2"},
+		"redis://u:p,1@a:1,rediss://b:2":       {"redis://u:p,1@a:1", "rediss://b:2"},
+	} {
+		if got := splitURLs(in); !slices.Equal(got, want) {
+			t.Errorf("splitURLs(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -35,6 +36,13 @@ PREFIX{PATTERN}, and reads each batch of keys in one pipelined round trip.
 On a Cluster it scans every master. The listing is not a snapshot: locks
 taken or released during the scan may or may not appear.
 
+Quorum mode (3 or more --redis masters): every name found on any master,
+with the state the masters hold it in together (held, partial, free: see
+dlock status -h) and on how many of them its owner holds it (HELD ON;
+held_on in --json). A master that cannot be read is named on stderr and
+left out. The masters' epoch keys (PREFIX + "epoch") are not locks and are
+never listed.
+
 Examples:
 
   dlock list
@@ -43,7 +51,8 @@ Examples:
   dlock list --prefix jobs: --limit 50
 
 Exit codes: 0 ok (also when nothing matches), 64 usage error, 69 Redis
-unavailable, 1 any other error.
+unavailable (quorum mode: fewer than a majority of the masters answer), 1
+any other error.
 
 Flags:
 `
@@ -77,7 +86,18 @@ func runList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *limit < 0 {
 		return usageErr(fmt.Errorf("--limit %d is negative", *limit))
 	}
-	rdb, code := fl.connect(ctx, stderr, "dlock list")
+	targets, code := fl.targets(stderr, "dlock list")
+	if targets == nil {
+		return code
+	}
+	if len(targets) > 1 {
+		infos, more, code := listQuorum(ctx, targets, *fl.prefix, pattern, *limit, stderr)
+		if infos == nil {
+			return code
+		}
+		return writeListed(stdout, stderr, infos, more, *limit, *fl.json, writeQuorumList)
+	}
+	rdb, code := connectOne(ctx, targets[0], stderr, "dlock list")
 	if rdb == nil {
 		return code
 	}
@@ -88,13 +108,24 @@ func runList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return reportRedisErr(ctx, stderr, "dlock list", err)
 	}
 	slices.SortFunc(infos, func(a, b lockInfo) int { return strings.Compare(a.Name, b.Name) })
+	return writeListed(stdout, stderr, infos, more, *limit, *fl.json, writeList)
+}
+
+// writeListed prints what list found, a note on stderr first when there
+// may be more than limit: JSON, or the table that table writes (a line
+// saying so when nothing matched).
+func writeListed[T any](stdout, stderr io.Writer, infos []T, more bool, limit int, asJSON bool, table func(io.Writer, []T)) int {
 	if more {
-		fmt.Fprintf(stderr, "dlock list: showing the first %d matches; there may be more (--limit)\n", *limit)
+		fmt.Fprintf(stderr, "dlock list: showing the first %d matches; there may be more (--limit)\n", limit)
 	}
-	if *fl.json {
+	switch {
+	case asJSON:
 		return writeJSON(stdout, stderr, "dlock list", infos)
+	case len(infos) == 0:
+		fmt.Fprintln(stdout, "no locks match")
+	default:
+		table(stdout, infos)
 	}
-	writeList(stdout, infos)
 	return exitOK
 }
 
@@ -169,10 +200,6 @@ func globEscape(s string) string {
 
 // writeList prints locks as a table.
 func writeList(w io.Writer, infos []lockInfo) {
-	if len(infos) == 0 {
-		fmt.Fprintln(w, "no locks match")
-		return
-	}
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tTYPE\tSTATE\tFENCE\tTTL\tCLIENTS WAITING\tIN LINE\tTOKEN")
 	for _, i := range infos {
@@ -180,14 +207,23 @@ func writeList(w io.Writer, infos []lockInfo) {
 		if i.Type == "foreign" {
 			typ = "foreign:" + i.RedisType
 		}
-		fence, token := "-", "-"
-		if i.Fence != 0 {
-			fence = fmt.Sprint(i.Fence)
-		}
-		if i.Token != "" {
-			token = textSafe(i.Token)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", textSafe(i.Name), typ, i.State, fence, formatTTL(i.TTLMillis), i.WaitingClients, i.InLine, token)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", textSafe(i.Name), typ, i.State, fenceCell(i.Fence), formatTTL(i.TTLMillis), i.WaitingClients, i.InLine, cell(textSafe(i.Token)))
 	}
 	_ = tw.Flush()
+}
+
+// fenceCell is a fence for a table: "-" for none.
+func fenceCell(f uint64) string {
+	if f == 0 {
+		return "-"
+	}
+	return strconv.FormatUint(f, 10)
+}
+
+// cell is s for a table: "-" when empty.
+func cell(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

@@ -193,6 +193,9 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	var opts *redis.Options
 	var target *redisTarget
 	if f.redisURL != "" {
+		if urls := splitURLs(f.redisURL); len(urls) > 1 {
+			return usageErr(fmt.Errorf("--redis %q: the market needs one server, not %d (quorum mode is for dlock run, status, list and unlock)", redactURL(f.redisURL), len(urls)))
+		}
 		if target, err = parseRedisTarget(f.redisURL); err != nil {
 			return usageErr(err)
 		}

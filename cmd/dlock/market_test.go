@@ -44,6 +44,7 @@ func TestUsageErrors(t *testing.T) {
 		{"market", "--pick", "dearest"},
 		{"market", "--duration", "-1s"},
 		{"market", "--redis", "http://example"},
+		{"market", "--redis", "redis://127.0.0.1:1,redis://127.0.0.1:2,redis://127.0.0.1:3"},
 	} {
 		code, _, stderr := runCLI(t, args...)
 		if code != exitUsage {

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -33,7 +34,8 @@ const redisPingTimeout = 5 * time.Second
 // redisURLHelp documents --redis in every command's flag list.
 const redisURLHelp = "Redis `URL`: redis://[user:pass@]host:port[/db], rediss:// (TLS; ?skip_verify=true skips certificate checks), unix:///path.sock, " +
 	"redis+cluster://host:port?addr=host2:port2, redis+sentinel://host:port?master_name=NAME (user:pass@ authenticates to the sentinels; " +
-	"?password= to the master); default $DLOCK_REDIS_URL, then $REDIS_URL, then " + defaultRedisURL
+	"?password= to the master); default $DLOCK_REDIS_URL, then $REDIS_URL, then " + defaultRedisURL + ". " +
+	"Quorum mode: 3 or more independent masters, by repeating --redis or as one comma-separated list (URL,URL,URL; also in the variables)"
 
 // redisTarget is a parsed server address: it makes clients and says where
 // they connect, for error messages.
@@ -45,17 +47,125 @@ type redisTarget struct {
 	// single holds the options of a single server (redis://, rediss://,
 	// unix://); nil for a Cluster or Sentinel.
 	single *redis.Options
+	// master names the master the URL reaches, to find two URLs of one
+	// quorum that are the same server: network and address, or a
+	// Sentinel's master name and sentinels; "" for a Cluster, which cannot
+	// be a quorum master.
+	master string
 }
 
-// resolveRedisURL returns the flag's value, else $DLOCK_REDIS_URL, else
-// $REDIS_URL, else defaultRedisURL.
-func resolveRedisURL(flagValue string) string {
-	for _, v := range []string{flagValue, os.Getenv("DLOCK_REDIS_URL"), os.Getenv("REDIS_URL")} {
+// urlsFlag is --redis: one URL, or the masters of a quorum, given by
+// repeating the flag or as one comma-separated list (splitURLs). It never
+// refuses a value, so that the flag package never prints one (it may hold a
+// password): parseRedisTargets checks them.
+type urlsFlag struct{ urls *[]string }
+
+func (f urlsFlag) String() string { return "" }
+
+func (f urlsFlag) Set(s string) error {
+	if s != "" { // --redis "" leaves the choice to the environment, as before
+		*f.urls = append(*f.urls, splitURLs(s)...)
+	}
+	return nil
+}
+
+// resolveRedisURLs returns the URLs of --redis, else those of
+// $DLOCK_REDIS_URL, else of $REDIS_URL, else defaultRedisURL. A variable
+// may hold a comma-separated list, as --redis may.
+func resolveRedisURLs(flagURLs []string) []string {
+	if len(flagURLs) > 0 {
+		return flagURLs
+	}
+	for _, v := range []string{os.Getenv("DLOCK_REDIS_URL"), os.Getenv("REDIS_URL")} {
 		if v != "" {
-			return v
+			return splitURLs(v)
 		}
 	}
-	return defaultRedisURL
+	return []string{defaultRedisURL}
+}
+
+// splitURLs splits a list of server URLs, "URL,URL,...", at each comma that
+// a scheme and "://" follow (spaces around the comma are dropped). A comma
+// anywhere else, in a password or a query value, stays in its URL, so that
+// a value that was one URL before lists existed still is.
+func splitURLs(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] != ',' {
+			continue
+		}
+		next := strings.TrimLeft(s[i+1:], " ")
+		if hasScheme(next) {
+			out = append(out, strings.TrimSpace(s[start:i]))
+			start = len(s) - len(next)
+			i = start - 1
+		}
+	}
+	return append(out, strings.TrimSpace(s[start:]))
+}
+
+// hasScheme reports whether s begins with a URL scheme and "://".
+func hasScheme(s string) bool {
+	scheme, _, ok := strings.Cut(s, "://")
+	if !ok || scheme == "" || !isLetter(scheme[0]) {
+		return false
+	}
+	for i := range len(scheme) {
+		if c := scheme[i]; !isLetter(c) && (c < '0' || c > '9') && c != '+' && c != '-' && c != '.' {
+			return false
+		}
+	}
+	return true
+}
+
+func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+
+// parseRedisTargets parses the servers a command works on: one URL (a
+// server, a Cluster or a Sentinel-managed master), or 3 or more, the
+// independent masters of a quorum. Two URLs, the same server twice, or a
+// Cluster among a quorum's masters are refused.
+func parseRedisTargets(urls []string) ([]*redisTarget, error) {
+	targets := make([]*redisTarget, len(urls))
+	for i, u := range urls {
+		t, err := parseRedisTarget(u)
+		if err != nil {
+			return nil, err
+		}
+		targets[i] = t
+	}
+	if len(targets) == 1 {
+		return targets, nil
+	}
+	seen := map[string]*redisTarget{}
+	for _, t := range targets {
+		if t.master == "" {
+			return nil, fmt.Errorf("--redis %q: a Redis Cluster cannot be a quorum master: quorum mode takes independent masters (redis://, rediss://, unix:// or redis+sentinel://)", t.display)
+		}
+		if o := seen[t.master]; o != nil {
+			return nil, fmt.Errorf("--redis %q and %q are the same server (%s): a quorum's masters must be independent", o.display, t.display, t.master)
+		}
+		seen[t.master] = t
+	}
+	if len(targets) == 2 {
+		return nil, fmt.Errorf("--redis given 2 servers (%s, %s): quorum mode needs at least 3 independent masters (a majority of 2 is both, so either one down would stop every lock); give one server, or 3 or more (an odd number, such as 5)", targets[0].display, targets[1].display)
+	}
+	return targets, nil
+}
+
+// quorumOnly refuses the flags that apply to quorum mode alone, among
+// those set, when the command has one server.
+func quorumOnly(fs *flag.FlagSet, targets []*redisTarget, names ...string) error {
+	if len(targets) > 1 {
+		return nil
+	}
+	var err error
+	fs.Visit(func(fl *flag.Flag) {
+		if err == nil && slices.Contains(names, fl.Name) {
+			err = fmt.Errorf("--%s %s applies to quorum mode only (3 or more --redis masters), not to one server", fl.Name, fl.Value)
+		}
+	})
+	return err
 }
 
 // parseRedisTarget parses a server URL. redis://, rediss:// and unix://
@@ -72,6 +182,11 @@ func parseRedisTarget(raw string) (*redisTarget, error) {
 	}
 	base, mode, _ := strings.Cut(scheme, "+")
 	plain := base + "://" + rest
+	if first, second, ok := strings.Cut(hostPart(rest), ","); ok {
+		// host1,host2: a list, but splitURLs splits only whole URLs.
+		second, _, _ = strings.Cut(second, ",")
+		return nil, fmt.Errorf("--redis %q: a list of servers names each by its whole URL: %s://%s,%s://%s", t.display, scheme, first, scheme, second)
+	}
 	switch {
 	case mode == "" && (base == "redis" || base == "rediss" || base == "unix"):
 		o, err := redis.ParseURL(raw)
@@ -86,6 +201,7 @@ func parseRedisTarget(raw string) (*redisTarget, error) {
 		}
 		o.DisableIdentity = true // Redis before 7.2 rejects CLIENT SETINFO
 		t.single = o
+		t.master = o.Network + " " + o.Addr
 		t.newClient = func() redis.UniversalClient { return redis.NewClient(o) }
 	case mode == "cluster" && (base == "redis" || base == "rediss"):
 		// go-redis's cluster URLs know no skip_verify (its other URLs do).
@@ -129,6 +245,7 @@ func parseRedisTarget(raw string) (*redisTarget, error) {
 			return nil, bad(err)
 		}
 		o.DisableIdentity = true
+		t.master = fmt.Sprintf("Sentinel master %s at %s", o.MasterName, strings.Join(slices.Sorted(slices.Values(o.SentinelAddrs)), ","))
 		t.newClient = func() redis.UniversalClient { return redis.NewFailoverClient(o) }
 	default:
 		return nil, fmt.Errorf("--redis %q: unknown scheme %q (want redis, rediss, unix, redis+cluster or redis+sentinel)", t.display, scheme)
@@ -157,6 +274,18 @@ func checkDB(db int) error {
 		return fmt.Errorf("database %d is negative", db)
 	}
 	return nil
+}
+
+// hostPart returns the host part of rest, a URL after its "scheme://":
+// without the user information, path, query and fragment.
+func hostPart(rest string) string {
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		rest = rest[at+1:]
+	}
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest
 }
 
 // urlPath returns the path of a URL, or "" if it has none.
@@ -204,8 +333,15 @@ const redacted = "xxxxx"
 // password of the user information (as url.URL.Redacted does) and the
 // value of every query parameter whose name contains "password". It works
 // on text, so that a URL that does not parse is redacted too, and so is
-// text that is not a URL at all (user:pass@host, without a scheme).
+// text that is not a URL at all (user:pass@host, without a scheme). In a
+// list of URLs (splitURLs) each is redacted.
 func redactURL(raw string) string {
+	if urls := splitURLs(raw); len(urls) > 1 {
+		for i, u := range urls {
+			urls[i] = redactURL(u)
+		}
+		return strings.Join(urls, ",")
+	}
 	prefix, rest := cutScheme(raw)
 	if user, _, host, ok := cutPassword(rest); ok {
 		rest = user + redacted + host

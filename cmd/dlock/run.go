@@ -69,7 +69,7 @@ const runUsage = `Usage: dlock run NAME [flags] -- COMMAND [ARGS...]
 
 Runs COMMAND while holding the lock NAME, like flock(1) but across machines:
 every dlock run (and every program using the dlock library) with the same
-NAME, prefix and Redis server excludes the others.
+NAME, prefix and Redis server (or quorum of masters) excludes the others.
 
 The lock is a lease of --ttl that dlock renews every TTL/3 while COMMAND
 runs and releases once nothing COMMAND started runs any more. COMMAND gets
@@ -117,6 +117,20 @@ someone else while COMMAND runs (the library's WithReplicaAck). Without the
 confirmation dlock exits 69 and COMMAND does not run; renewals that keep
 going unconfirmed end the lease (exit 76).
 
+Quorum mode: given 3 or more independent Redis masters (--redis once per
+master, or one comma-separated list, also in $DLOCK_REDIS_URL), dlock takes
+the lock on a majority of them (the library's NewQuorum, the Redlock
+algorithm), asking all at once and giving each --node-timeout to answer.
+The lock then outlives any minority of masters down; a run that cannot
+reach a majority exits 69 before COMMAND, and a lease that can no longer be
+renewed on a majority is lost (exit 76). A master whose data is younger than
+--restart-delay (it restarted without persistence) does not vote until then:
+every client of the quorum must use the same --restart-delay, at least the
+longest --ttl. Two masters are refused (a majority of 2 is both), and so are
+--fair and --replica-ack (there is no one line, and no replica, across
+independent masters). An odd number of masters, such as 5, is the sensible
+choice.
+
 Examples:
 
   dlock run nightly-backup -- ./backup.sh --full
@@ -127,6 +141,8 @@ Examples:
   dlock run --quiet --wait 1m sync -- ./sync.sh              # exit 75 when busy, no message
   dlock run --leftovers wait build -- make -j8               # keep the lock for stragglers
   dlock run --replica-ack 1 --redis redis+sentinel://s1:26379?master_name=main job -- ./job
+  dlock run --redis redis://r1:6379 --redis redis://r2:6379 --redis redis://r3:6379 job -- ./job
+  DLOCK_REDIS_URL=redis://r1:6379,redis://r2:6379,redis://r3:6379 dlock run job -- ./job
 
 Exit codes:
 
@@ -136,7 +152,9 @@ Exit codes:
   64                 usage error
   69                 Redis cannot be reached (also when it stopped
                      answering while --wait ran out), or fewer than
-                     --replica-ack replicas confirmed the grant
+                     --replica-ack replicas confirmed the grant; in quorum
+                     mode, fewer than a majority of the masters answer and
+                     vote
   75                 the lock is held elsewhere and was not obtained within
                      --wait (EX_TEMPFAIL; change with --conflict-exit-code;
                      with 0, or with --quiet, nothing is written to stderr)
@@ -152,7 +170,7 @@ Flags:
 
 // runFlags are the parsed arguments of "dlock run".
 type runFlags struct {
-	target       *redisTarget
+	targets      []*redisTarget // one server, or a quorum's masters
 	prefix       string
 	name         string
 	ttl          time.Duration
@@ -167,6 +185,8 @@ type runFlags struct {
 	passRedisURL bool
 	replicaAck   int           // --replica-ack: replicas that must confirm a grant; 0: none
 	ackTimeout   time.Duration // --replica-ack-timeout
+	nodeTimeout  time.Duration // --node-timeout (quorum mode)
+	restartDelay time.Duration // --restart-delay (quorum mode)
 	command      []string
 }
 
@@ -203,7 +223,8 @@ func (w waitFlag) Set(s string) error {
 func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err error) {
 	fs := flag.NewFlagSet("dlock run", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	redisURL := fs.String("redis", "", redisURLHelp)
+	var redisURLs []string
+	fs.Var(urlsFlag{&redisURLs}, "redis", redisURLHelp)
 	fs.StringVar(&f.prefix, "prefix", "dlock:", "key `prefix` of the locks (the library's WithPrefix)")
 	durationVar(fs, &f.ttl, "ttl", dlock.DefaultTTL, time.Millisecond, dlock.MaxTTL, "10s", "lease length, a `duration` (1ms.."+shortDuration(dlock.MaxTTL)+"): how long the lock outlives a dlock that stops renewing it")
 	fs.Var(waitFlag{&f.wait}, "wait", "how long to wait for a held lock: 0, a `duration` such as 30s, or forever (default 0)")
@@ -215,6 +236,8 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 	fs.BoolVar(&f.passRedisURL, "pass-redis-url", false, "pass $DLOCK_REDIS_URL to COMMAND even when it holds a password")
 	fs.IntVar(&f.replicaAck, "replica-ack", 0, "`replicas` that must confirm the grant and every renewal before they count (the library's WithReplicaAck); 0: none")
 	durationVar(fs, &f.ackTimeout, "replica-ack-timeout", time.Second, time.Millisecond, 2*time.Second, "500ms", "how long a grant or renewal waits for --replica-ack replicas, a `duration` (1ms..2s; at most half the Redis client's read timeout, which read_timeout= in --redis sets)")
+	durationVar(fs, &f.nodeTimeout, "node-timeout", dlock.DefaultNodeTimeout, time.Millisecond, 0, "50ms", "quorum mode: how long each master has to answer a request, a `duration` (at least 1ms, below --ttl); one that answers later counts as not granting (the library's WithNodeTimeout)")
+	restartDelayVar(fs, &f.restartDelay)
 	if err := fs.Parse(args); err != nil {
 		help, err := usageOrHelp(err, fs, runUsage, stdout)
 		return f, help, err
@@ -252,8 +275,10 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 	if err := wire.CheckPrefix(f.prefix); err != nil {
 		return f, false, err
 	}
-	f.target, err = parseRedisTarget(resolveRedisURL(*redisURL))
-	return f, false, err
+	if f.targets, err = parseRedisTargets(resolveRedisURLs(redisURLs)); err != nil {
+		return f, false, err
+	}
+	return f, false, checkQuorumRun(fs, f)
 }
 
 // usageOrHelp turns a flag parse error into (help, err): -h writes usage
@@ -287,7 +312,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dlock run: %v (see dlock run -h)\n", err)
 		return exitUsage
 	}
-	rdb, err := f.target.connect(ctx)
+	srv, err := connectRun(ctx, f, stderr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return exitInterrupted
@@ -295,23 +320,28 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dlock run: %v\n", err)
 		return connectExitCode(err)
 	}
-	if err := checkAckTimeout(rdb, f); err != nil {
-		_ = rdb.Close()
-		fmt.Fprintf(stderr, "dlock run: %v (see dlock run -h)\n", err)
+	var client *dlock.Client
+	if srv.quorum() {
+		client, err = newQuorumClient(srv, f)
+	} else if err = checkAckTimeout(srv.rdbs[0], f); err == nil {
+		copts := []dlock.Option{dlock.WithPrefix(f.prefix)}
+		if f.replicaAck > 0 {
+			copts = append(copts, dlock.WithReplicaAck(f.replicaAck, f.ackTimeout))
+		}
+		client = dlock.New(srv.rdbs[0], copts...)
+	}
+	if err != nil {
+		_ = srv.close()
+		fmt.Fprintf(stderr, "dlock run: %s (see dlock run -h)\n", libText(err))
 		return exitUsage
 	}
-	copts := []dlock.Option{dlock.WithPrefix(f.prefix)}
-	if f.replicaAck > 0 {
-		copts = append(copts, dlock.WithReplicaAck(f.replicaAck, f.ackTimeout))
-	}
-	client := dlock.New(rdb, copts...)
-	defer closeWithin(runCloseTimeout, client.Close, rdb.Close)
+	defer closeWithin(runCloseTimeout, client.Close, srv.close)
 
 	opts := []dlock.LockOption{dlock.TTL(f.ttl)}
 	if f.fair {
 		opts = append(opts, dlock.Fair())
 	}
-	lease, code := acquireForRun(ctx, sigs, rdb, client.Mutex(f.name, opts...), f, stderr)
+	lease, code := acquireForRun(ctx, sigs, srv, client.Mutex(f.name, opts...), f, stderr)
 	if lease == nil {
 		return code
 	}
@@ -339,7 +369,7 @@ func checkAckTimeout(rdb redis.UniversalClient, f runFlags) error {
 
 // acquireForRun obtains the lock as --wait says. Without a lease it returns
 // the exit code, having said why on stderr.
-func acquireForRun(ctx context.Context, sigs <-chan os.Signal, rdb redis.UniversalClient, m *dlock.Mutex, f runFlags, stderr io.Writer) (*dlock.Lease, int) {
+func acquireForRun(ctx context.Context, sigs <-chan os.Signal, srv lockServers, m *dlock.Mutex, f runFlags, stderr io.Writer) (*dlock.Lease, int) {
 	lctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var sig os.Signal
@@ -409,8 +439,8 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, rdb redis.Univers
 	case errors.Is(err, context.DeadlineExceeded):
 		// The library waits through a Redis outage; it must not pass for a
 		// lock held elsewhere (which --conflict-exit-code 0 would hide).
-		if perr := pingWithin(ctx, rdb, runOutageCheckTimeout); perr != nil {
-			fmt.Fprintf(stderr, "dlock run: Redis at %s is unavailable; lock %q not obtained within %v: %v\n", f.target.display, f.name, f.wait, perr)
+		if perr := srv.available(ctx, runOutageCheckTimeout); perr != nil {
+			fmt.Fprintf(stderr, "dlock run: %s is unavailable; lock %q not obtained within %v: %v\n", srv.where(), f.name, f.wait, perr)
 			return nil, exitUnavailable
 		}
 		return conflict("dlock run: lock %q is held elsewhere; not obtained within %v (see dlock status %s)\n", f.name, f.wait, textSafe(f.name))
@@ -421,10 +451,15 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, rdb redis.Univers
 		fmt.Fprintf(stderr, "dlock run: %s; COMMAND not run\n", libText(err))
 		return nil, exitUnavailable
 	case errors.Is(err, dlock.ErrForeignKey):
-		fmt.Fprintf(stderr, "dlock run: lock %q: %s\n", f.name, whatKeyIs(ctx, rdb, f.prefix, f.name, aboutLock(err, f.name)))
+		fmt.Fprintf(stderr, "dlock run: lock %q: %s\n", f.name, srv.whatKeyIs(ctx, f.prefix, f.name, aboutLock(err, f.name)))
 		return nil, exitFailed
 	case redisDown(err):
-		fmt.Fprintf(stderr, "dlock run: Redis at %s became unavailable while taking lock %q: %s\n", f.target.display, f.name, aboutLock(err, f.name))
+		fmt.Fprintf(stderr, "dlock run: %s became unavailable while taking lock %q: %s\n", srv.where(), f.name, aboutLock(err, f.name))
+		return nil, exitUnavailable
+	case srv.quorum():
+		// Too few masters granted, none of them for another holder: some
+		// do not vote yet, or did not answer in --node-timeout.
+		fmt.Fprintf(stderr, "dlock run: %s could not grant lock %q: %s\n", srv.where(), f.name, aboutLock(err, f.name))
 		return nil, exitUnavailable
 	default:
 		fmt.Fprintf(stderr, "dlock run: %s\n", libText(err))

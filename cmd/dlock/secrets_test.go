@@ -54,6 +54,13 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		"redis:/admin:" + secret + "@127.0.0.1:1",
 		"redis://default:" + secret + "x@" + s.Addr(), // rejected by the server
 		good + "/99", // a database the server does not have
+		// Lists of a quorum's masters: unreachable, too few, the same
+		// twice, hosts without schemes, a majority down.
+		"redis://admin:" + secret + "@127.0.0.1:1?max_retries=-1,redis://admin:" + secret + "@127.0.0.1:2?max_retries=-1,redis://admin:" + secret + "@127.0.0.1:3?max_retries=-1",
+		"redis://admin:" + secret + "@127.0.0.1:1,redis://admin:" + secret + "@127.0.0.1:2",
+		"redis://admin:" + secret + "@127.0.0.1:1,redis://admin:" + secret + "@127.0.0.1:2,redis://admin:" + secret + "@127.0.0.1:1",
+		"redis://admin:" + secret + "@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+		good + ",redis://admin:" + secret + ",x@127.0.0.1:1?max_retries=-1,redis://admin:" + secret + "@127.0.0.1:2?max_retries=-1",
 	}
 	commands := [][]string{
 		{"run", "secret-lock", "--", "true"},
@@ -170,6 +177,8 @@ func TestRedactURL(t *testing.T) {
 		"redis://u:p?q@h:1":                      "redis://u:xxxxx@h:1",
 		"redis://u:p#q@h:1":                      "redis://u:xxxxx@h:1",
 		"redis://h?pass%77ord=p":                 "redis://h?pass%77ord=xxxxx",
+		// A quorum's list: each URL on its own, addresses kept.
+		"redis://u:p@a:1, redis://b:2?password=p,unix://u:p,q@/r.sock": "redis://u:xxxxx@a:1,redis://b:2?password=xxxxx,unix://u:xxxxx@/r.sock",
 	} {
 		if got := redactURL(in); got != want {
 			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)

@@ -62,14 +62,27 @@ waiting in default mode (its first caller; the others wait behind it inside
 that client). An rwmutex's line is split into waiting_readers and
 waiting_writers.
 
+Quorum mode (3 or more --redis masters): the lock as the masters hold it
+together, then each master's view. States: held (a majority holds it for
+one owner), partial (some hold it, but no majority for one owner: an
+acquire under way, or the grants of one that failed, which expire at their
+TTL), free, unknown. ttl is the lease left on a majority. Each master shows
+what it holds (the owner token's first characters, the fence, the TTL) and
+whether it votes: a master whose data is younger than --restart-delay does
+not (its epoch key, PREFIX + "epoch", says when its data began; a master
+without one gets it from its uptime at a client's first request). --json
+gives the same, each master's view in per_master.
+
 Examples:
 
   dlock status nightly-backup
   dlock status --json deploy-web | jq -r .token
   dlock status --redis redis://redis.internal:6379/2 --prefix jobs: report
+  dlock status --redis redis://r1:6379,redis://r2:6379,redis://r3:6379 job
 
-Exit codes: 0 ok (whatever the state), 64 usage error, 69 Redis unavailable,
-1 any other error.
+Exit codes: 0 ok (whatever the state), 64 usage error, 69 Redis unavailable
+(quorum mode: fewer than a majority of the masters answer, after showing
+what they do), 1 any other error.
 
 Flags:
 `
@@ -117,33 +130,40 @@ type lockInfo struct {
 	Mode string `json:"mode,omitempty"`
 }
 
-// inspectFlags are the flags status and list share.
+// inspectFlags are the flags status, list and unlock share.
 type inspectFlags struct {
-	redisURL *string
-	prefix   *string
-	json     *bool
+	redisURLs *[]string
+	prefix    *string
+	json      *bool
 }
 
 func addInspectFlags(fs *flag.FlagSet) inspectFlags {
-	return inspectFlags{
-		redisURL: fs.String("redis", "", redisURLHelp),
-		prefix:   fs.String("prefix", "dlock:", "key `prefix` of the locks (the library's WithPrefix)"),
-		json:     fs.Bool("json", false, "print JSON instead of text"),
-	}
+	fl := inspectFlags{redisURLs: new([]string)}
+	fs.Var(urlsFlag{fl.redisURLs}, "redis", redisURLHelp)
+	fl.prefix = fs.String("prefix", "dlock:", "key `prefix` of the locks (the library's WithPrefix)")
+	fl.json = fs.Bool("json", false, "print JSON instead of text")
+	return fl
 }
 
-// connect reaches the Redis server the flags name. On failure it reports
-// the error and returns the exit code (usage or unavailable) and no client.
-func (fl inspectFlags) connect(ctx context.Context, stderr io.Writer, cmd string) (redis.UniversalClient, int) {
+// targets parses the prefix and the servers the flags name: one, or a
+// quorum's masters. On failure it reports the error and returns a usage
+// exit code and no targets.
+func (fl inspectFlags) targets(stderr io.Writer, cmd string) ([]*redisTarget, int) {
 	if err := wire.CheckPrefix(*fl.prefix); err != nil {
 		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", cmd, err, cmd)
 		return nil, exitUsage
 	}
-	target, err := parseRedisTarget(resolveRedisURL(*fl.redisURL))
+	targets, err := parseRedisTargets(resolveRedisURLs(*fl.redisURLs))
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", cmd, err, cmd)
 		return nil, exitUsage
 	}
+	return targets, 0
+}
+
+// connectOne reaches target, one server. On failure it reports the error
+// and returns the exit code (usage or unavailable) and no client.
+func connectOne(ctx context.Context, target *redisTarget, stderr io.Writer, cmd string) (redis.UniversalClient, int) {
 	rdb, err := target.connect(ctx)
 	if err != nil {
 		return nil, reportRedisErr(ctx, stderr, cmd, err)
@@ -172,6 +192,8 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := flag.NewFlagSet("dlock status", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fl := addInspectFlags(fs)
+	var restartDelay time.Duration
+	restartDelayVar(fs, &restartDelay)
 	pos, err := parseInterleaved(fs, args)
 	if help, err := usageOrHelp(err, fs, statusUsage, stdout); help {
 		return exitOK
@@ -182,7 +204,17 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err != nil {
 		return usageErr(err)
 	}
-	rdb, code := fl.connect(ctx, stderr, "dlock status")
+	targets, code := fl.targets(stderr, "dlock status")
+	if targets == nil {
+		return code
+	}
+	if err := quorumOnly(fs, targets, "restart-delay"); err != nil {
+		return usageErr(err)
+	}
+	if len(targets) > 1 {
+		return statusQuorum(ctx, targets, fl, name, restartDelay, stdout, stderr)
+	}
+	rdb, code := connectOne(ctx, targets[0], stderr, "dlock status")
 	if rdb == nil {
 		return code
 	}

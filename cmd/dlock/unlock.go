@@ -47,6 +47,11 @@ so that the removed holder's own Unlock reports the loss).
 Use --token with the token dlock status shows, so that a holder that took
 the lock after you looked is left alone.
 
+Quorum mode (3 or more --redis masters): the holder is removed on every
+master that answers, each reported on a line of its own (per_master in
+--json). Once a majority has answered, the holder keeps the lock on too few
+masters to renew it.
+
 Examples:
 
   dlock status stuck-job                       # note the token
@@ -55,7 +60,8 @@ Examples:
 
 Exit codes: 0 removed, 1 nothing removed (not held, or held by another
 token than --token) or any other error, 64 usage error (also without
---force), 69 Redis unavailable.
+--force), 69 Redis unavailable (quorum mode: fewer than a majority of the
+masters answered; the others were still acted on).
 
 Flags:
 `
@@ -97,49 +103,37 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	case !*force:
 		return usageErr(errors.New("refusing without --force: the holder may still be running, and removing it lets another take the lock at once"))
 	}
-	rdb, code := fl.connect(ctx, stderr, "dlock unlock")
+	targets, code := fl.targets(stderr, "dlock unlock")
+	if targets == nil {
+		return code
+	}
+	if len(targets) > 1 {
+		return unlockQuorum(ctx, targets, fl, name, *token, idle, stdout, stderr)
+	}
+	rdb, code := connectOne(ctx, targets[0], stderr, "dlock unlock")
 	if rdb == nil {
 		return code
 	}
 	defer rdb.Close()
 
-	key := wire.HashKey(*fl.prefix, name)
 	uctx, cancel := context.WithTimeout(ctx, inspectTimeout)
 	defer cancel()
-	// Waiters hear the release on the pub/sub the server has: the same
-	// question a library Client asks once (sharded unless SPUBLISH is unknown).
-	pub := wire.PublishSharded
-	kind, err := hub.Detect(uctx, rdb, wire.ProbeChannel(*fl.prefix))
-	if err == nil && kind == hub.Plain {
-		pub = wire.PublishPlain
-	}
-	var reply []any
-	if err == nil {
-		reply, err = unlockScript.Run(uctx, rdb, []string{key},
-			strconv.FormatInt(idle.Milliseconds(), 10), key, *token, pub).Slice()
-	}
+	res, status, err := forceUnlock(uctx, rdb, *fl.prefix, name, *token, idle)
 	if err != nil {
-		if msg := err.Error(); strings.HasPrefix(msg, "DLOCK_FOREIGN") || strings.HasPrefix(msg, "WRONGTYPE") {
-			fmt.Fprintf(stderr, "dlock unlock: lock %q: %s; nothing removed (see dlock status %s)\n", name, whatKeyIs(ctx, rdb, *fl.prefix, name, fmt.Sprintf("Redis key %q is not a dlock mutex", key)), textSafe(name))
+		if isForeignReply(err) {
+			fmt.Fprintf(stderr, "dlock unlock: lock %q: %s; nothing removed (see dlock status %s)\n", name, whatKeyIs(ctx, rdb, *fl.prefix, name, fmt.Sprintf("Redis key %q is not a dlock mutex", res.Key)), textSafe(name))
 			return exitFailed
 		}
 		return reportRedisErr(ctx, stderr, "dlock unlock", err)
 	}
-	res := unlockResult{Name: name, Key: key}
-	status, _ := reply[0].(int64)
-	if len(reply) == 3 {
-		res.Token, _ = reply[1].(string)
-		f, _ := reply[2].(string)
-		res.Fence, _ = strconv.ParseUint(f, 10, 64)
-	}
 	code = exitOK
 	switch status {
-	case 1:
+	case unlockRemoved:
 		res.Removed = true
 		if !*fl.json {
 			fmt.Fprintf(stdout, "removed the holder of lock %q: token %s, fence %d; waiters notified\n", name, textSafe(res.Token), res.Fence)
 		}
-	case 2:
+	case unlockOtherToken:
 		code = exitFailed
 		fmt.Fprintf(stderr, "dlock unlock: lock %q is held by token %s (fence %d), not by --token %s; nothing removed\n", name, textSafe(res.Token), res.Fence, textSafe(*token))
 	default:
@@ -152,4 +146,49 @@ func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 	}
 	return code
+}
+
+// What force_unlock.lua did (its first reply element; 0: not held).
+const (
+	unlockRemoved    = 1
+	unlockOtherToken = 2 // held by another token than --token; unchanged
+)
+
+// forceUnlock removes the holder of the mutex name on rdb (one server or
+// deployment; a Cluster too) if it is token (any holder if token is ""),
+// and returns what it did: unlockRemoved, unlockNotHeld or
+// unlockOtherToken, and the holder it removed or left. res.Removed is not
+// set.
+func forceUnlock(ctx context.Context, rdb redis.UniversalClient, prefix, name, token string, idle time.Duration) (res unlockResult, status int64, err error) {
+	key := wire.HashKey(prefix, name)
+	res = unlockResult{Name: name, Key: key}
+	// Waiters hear the release on the pub/sub the server has: the same
+	// question a library Client asks once (sharded unless SPUBLISH is unknown).
+	pub := wire.PublishSharded
+	kind, err := hub.Detect(ctx, rdb, wire.ProbeChannel(prefix))
+	if err != nil {
+		return res, 0, err
+	}
+	if kind == hub.Plain {
+		pub = wire.PublishPlain
+	}
+	reply, err := unlockScript.Run(ctx, rdb, []string{key},
+		strconv.FormatInt(idle.Milliseconds(), 10), key, token, pub).Slice()
+	if err != nil {
+		return res, 0, err
+	}
+	status, _ = reply[0].(int64)
+	if len(reply) == 3 {
+		res.Token, _ = reply[1].(string)
+		f, _ := reply[2].(string)
+		res.Fence, _ = strconv.ParseUint(f, 10, 64)
+	}
+	return res, status, nil
+}
+
+// isForeignReply reports force_unlock.lua's refusal of a key that is not a
+// dlock mutex.
+func isForeignReply(err error) bool {
+	msg := err.Error()
+	return strings.HasPrefix(msg, "DLOCK_FOREIGN") || strings.HasPrefix(msg, "WRONGTYPE")
 }
