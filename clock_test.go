@@ -10,6 +10,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // Fault 9, for real: the server's clock jumps an hour forward while a lock
@@ -90,23 +92,15 @@ func TestFault10ClockJumpsBackward(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.SetClockOffset(t, -time.Hour)
-		// Hold on through four renewals after the jump (seen as the key's
-		// time to live going up), more than three TTLs: the lease must
-		// last, and the lock stay exclusive, all the while.
-		renewals, last := 0, time.Duration(0)
-		waitFor(t, ctx, "four renewals after the jump", func() bool {
+		// Hold on through four renewals after the jump, more than three
+		// TTLs: the lease must last, and the lock stay exclusive.
+		waitRenewals(t, ctx, rdb, "dlock:{back}", ttl, 4, func() {
 			if err := l.Context().Err(); err != nil {
 				t.Fatalf("lease ended after the server's clock went back: %v", context.Cause(l.Context()))
 			}
 			if _, err := c2.Mutex("back").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
 				t.Fatalf("second Client's TryLock while the first holds: %v, want ErrNotObtained", err)
 			}
-			pttl := rdb.PTTL(ctx, "dlock:{back}").Val()
-			if pttl <= ttl && pttl > last {
-				renewals++
-			}
-			last = pttl
-			return renewals >= 4
 		})
 		if err := l.Extend(ctx, 2*ttl); err != nil {
 			t.Fatalf("Extend: %v", err)
@@ -238,4 +232,20 @@ func TestFault10FenceRegression(t *testing.T) {
 		t.Fatalf("other Client: fence %d (earlier %d), %d reports; want a fence below the earlier one, unreported",
 			l.Fence(), before.Fence(), unseen.count("fence went backwards"))
 	}
+}
+
+// waitRenewals waits until key's time to live, at most ttl, has gone up n
+// times (renewals by its holder), calling check between looks.
+func waitRenewals(t *testing.T, ctx context.Context, rdb *redis.Client, key string, ttl time.Duration, n int, check func()) {
+	t.Helper()
+	renewals, last := 0, time.Duration(0)
+	waitFor(t, ctx, fmt.Sprintf("%d renewals of %s", n, key), func() bool {
+		check()
+		pttl := rdb.PTTL(ctx, key).Val()
+		if pttl <= ttl && pttl > last {
+			renewals++
+		}
+		last = pttl
+		return renewals >= n
+	})
 }
