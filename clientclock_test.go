@@ -35,8 +35,9 @@ import (
 
 func init() { familyRoles["wall-hold"] = childWallHold }
 
-// childWallHold: "ttl". Take the lock "wall", print "locked TOKEN FENCE",
-// then answer each stdin line:
+// childWallHold: "TTL" or "TTL,ADDR,ADDR,..." (quorum mode over those
+// masters). Take the lock "wall", print "locked TOKEN FENCE", then answer
+// each stdin line:
 //
 //	now        "now UNIXNANO" (the wall clock)
 //	state      "state live", or "state ended CAUSE"
@@ -45,9 +46,22 @@ func init() { familyRoles["wall-hold"] = childWallHold }
 //	           "wait-lost kept" if it has not 10 s later (monotonic)
 //	unlock     "unlock lost=IS_LOCK_LOST ERR"
 func childWallHold(c *dlock.Client, _ *redis.Client, arg string) error {
-	ttl, err := time.ParseDuration(arg)
+	args := strings.Split(arg, ",")
+	ttl, err := time.ParseDuration(args[0])
 	if err != nil {
 		return err
+	}
+	if len(args) > 1 {
+		var rdbs []redis.UniversalClient
+		for _, addr := range args[1:] {
+			r := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+			defer r.Close()
+			rdbs = append(rdbs, r)
+		}
+		if c, err = dlock.NewQuorum(rdbs); err != nil {
+			return err
+		}
+		defer c.Close()
 	}
 	ctx := context.Background()
 	l, err := c.Mutex("wall", dlock.TTL(ttl)).Lock(ctx)
@@ -87,24 +101,42 @@ func childWallHold(c *dlock.Client, _ *redis.Client, arg string) error {
 }
 
 // Fault 11, for real: a holder process's wall clock jumps an hour forward,
-// then two hours back, while its lock is held and renewed. Its lease does
-// not end at the jump, it renews, Extend works, the lock stays exclusive;
-// and when Redis is frozen and the clock jumps back at once, the lease
+// then two hours back, while its lock is held and renewed, on one server
+// and in quorum mode. Its lease does not end at the jump, it renews,
+// Extend works, the lock stays exclusive; and when Redis is frozen (a
+// majority of the masters) and the clock jumps back at once, the lease
 // still ends by its deadline (not an hour later): the deadline is on the
 // monotonic clock.
 func TestFault11ClientWallClockJumps(t *testing.T) {
-	s := redistest.Start(t)
-	c2, rdb := newClient(t, s)
+	if err := wallclock.Supported(); err != nil {
+		t.Skip(err)
+	}
+	t.Run("S", func(t *testing.T) {
+		s := redistest.Start(t)
+		c2, _ := newClient(t, s)
+		wallClockJumps(t, []*redistest.Server{s}, 1, c2, "")
+	})
+	t.Run("Q", func(t *testing.T) {
+		servers, rdbs := quorumMasters(t, 5)
+		var addrs []string
+		for _, s := range servers {
+			addrs = append(addrs, s.Addr())
+		}
+		wallClockJumps(t, servers, 3, newQuorum(t, rdbs), ","+strings.Join(addrs, ","))
+	})
+}
+
+// wallClockJumps runs TestFault11ClientWallClockJumps on servers: a child
+// holds the lock (its arg: the TTL, then quorum), c2 contends, and
+// freezing the first frozen servers stops its renewals.
+func wallClockJumps(t *testing.T, servers []*redistest.Server, frozen int, c2 *dlock.Client, quorum string) {
 	ctx := ctxT(t, 60*time.Second)
 	const ttl = time.Second
 	wc, err := wallclock.Command(os.Args[0], "-test.run=^$")
-	if errors.Is(err, errors.ErrUnsupported) {
-		t.Skip(err)
-	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	stdin, sc := launchChild(t, wc, wc.Cmd, "wall-hold", s.Addr(), ttl.String())
+	stdin, sc := launchChild(t, wc, wc.Cmd, "wall-hold", servers[0].Addr(), ttl.String()+quorum)
 	locked := strings.Fields(expectLine(t, sc, "locked "))
 	ask := func(cmd string) string {
 		t.Helper()
@@ -131,7 +163,7 @@ func TestFault11ClientWallClockJumps(t *testing.T) {
 	if st := ask("state"); st != "live" {
 		t.Fatalf("lease after the wall clock jumped forward: %s", st)
 	}
-	waitRenewals(t, ctx, rdb, "dlock:{wall}", ttl, 4, func() {
+	waitRenewals(t, ctx, servers[0].Client(t), "dlock:{wall}", ttl, 4, func() {
 		if _, err := c2.Mutex("wall").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
 			t.Fatalf("TryLock while the child holds: %v, want ErrNotObtained", err)
 		}
@@ -145,10 +177,14 @@ func TestFault11ClientWallClockJumps(t *testing.T) {
 
 	// Redis frozen, so nothing renews the lease, and the clock two hours
 	// back: a deadline on the wall clock would be two hours away.
-	s.Pause()
+	for _, s := range servers[:frozen] {
+		s.Pause()
+	}
 	jump(-time.Hour)
 	st := ask("wait-lost")
-	s.Resume()
+	for _, s := range servers[:frozen] {
+		s.Resume()
+	}
 	if !strings.HasPrefix(st, "lost=true ") {
 		t.Fatalf("lease with Redis frozen past its TTL and the wall clock moved back: %s, want lost with ErrLockLost", st)
 	}
@@ -278,7 +314,7 @@ func wallClockUses(t *testing.T) []wallClockUse {
 	var uses []wallClockUse
 	var checked []string
 	for _, p := range pkgs {
-		checked = append(checked, strings.TrimPrefix(p.ImportPath, modulePath))
+		checked = append(checked, "."+strings.TrimPrefix(p.ImportPath, modulePath))
 		var files []*ast.File
 		for _, name := range p.GoFiles {
 			f, err := parser.ParseFile(fset, filepath.Join(p.Dir, name), nil, parser.SkipObjectResolution)

@@ -249,3 +249,155 @@ func waitRenewals(t *testing.T, ctx context.Context, rdb *redis.Client, key stri
 		return renewals >= n
 	})
 }
+
+// shiftClocks sets the clock offset of each of servers.
+func shiftClocks(t *testing.T, servers []*redistest.Server, d time.Duration) {
+	t.Helper()
+	for _, s := range servers {
+		s.SetClockOffset(t, d)
+	}
+}
+
+// holdersOf counts the masters on which token owns key.
+func holdersOf(t *testing.T, servers []*redistest.Server, key, token string) int {
+	t.Helper()
+	n := 0
+	for _, s := range servers {
+		if s.Do(t, "hget", key, "o") == token {
+			n++
+		}
+	}
+	return n
+}
+
+// Fault 9 on Q: the clocks of two of the five masters jump an hour
+// forward: their copies of the lock expire, but three still hold it, so a
+// contender is refused and the holder renews on its majority. When a third
+// master's clock jumps too, the lock is granted again while its holder
+// still believes it valid (the documented limit: quorum mode assumes no
+// clock jumps); the new fence is higher, the register refuses the old
+// holder, whose next renewal finds no majority and ends its lease.
+func TestFault9QuorumClockJumpForward(t *testing.T) {
+	servers, rdbs := quorumMasters(t, 5, redistest.Options{ClockShift: true})
+	a, b := newQuorum(t, rdbs), newQuorum(t, rdbs)
+	reg := rdbs[0].(*redis.Client) // the fenced register lives on any server
+	ctx := ctxT(t, 30*time.Second)
+	const key = "dlock:{qjump}"
+	old, err := a.Mutex("qjump", dlock.TTL(3*time.Second)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !writeFenced(ctx, reg, old.Fence(), "old holder") {
+		t.Fatal("holder's fenced write refused")
+	}
+
+	shiftClocks(t, servers[:2], time.Hour)
+	if n := holdersOf(t, servers, key, old.Token()); n != 3 {
+		t.Fatalf("the holder owns the lock on %d masters after two clocks jumped, want 3", n)
+	}
+	if _, err := b.Mutex("qjump").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock with the lock held on three masters: %v, want ErrNotObtained", err)
+	}
+	if err := old.Extend(ctx, 3*time.Second); err != nil {
+		t.Fatalf("Extend on the majority that still holds it: %v", err)
+	}
+
+	shiftClocks(t, servers[2:3], time.Hour)
+	cur, err := b.Mutex("qjump").TryLock(ctx)
+	if err != nil {
+		t.Fatalf("early expiry on a majority not reproduced: %v", err)
+	}
+	defer cur.Unlock(ctx)
+	if old.Context().Err() != nil {
+		t.Log("the old lease had already ended")
+	}
+	if cur.Fence() <= old.Fence() {
+		t.Fatalf("new holder's fence %d not above the old holder's %d", cur.Fence(), old.Fence())
+	}
+	if !writeFenced(ctx, reg, cur.Fence(), "new holder") {
+		t.Fatal("current holder's write rejected")
+	}
+	if writeFenced(ctx, reg, old.Fence(), "stale holder") {
+		t.Fatal("stale holder's write accepted by the fenced register")
+	}
+	select {
+	case <-old.Context().Done():
+		if cause := context.Cause(old.Context()); !errors.Is(cause, dlock.ErrLockLost) {
+			t.Fatalf("old lease ended with %v, want ErrLockLost", cause)
+		}
+	case <-ctx.Done():
+		t.Fatal("the old holder was never told: its renewals did not miss their majority")
+	}
+	if err := old.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("stale Unlock: %v, want ErrLockLost", err)
+	}
+	if n := holdersOf(t, servers, key, cur.Token()); n < 3 {
+		t.Fatalf("the new holder owns the lock on %d masters after the stale Unlock, want at least 3", n)
+	}
+}
+
+// Fault 10 on Q: the clocks of three of the five masters (a majority) jump
+// an hour back while a lock is held and renewed. Safety holds: the lease
+// lasts, a contender is refused, Unlock releases it on every master and the
+// next grant's fence is higher. Those masters' INFO uptime is now negative
+// (Redis 7.0 counts it on the wall clock): a new Client still uses them,
+// and one whose epoch key was lost is dated from its start, ahead of its
+// clock, so it does not vote.
+func TestFault10QuorumClockJumpsBackward(t *testing.T) {
+	servers, rdbs := quorumMasters(t, 5, redistest.Options{ClockShift: true})
+	a, b := newQuorum(t, rdbs), newQuorum(t, rdbs)
+	ctx := ctxT(t, 30*time.Second)
+	const key, ttl = "dlock:{qback}", time.Second
+	l, err := a.Mutex("qback", dlock.TTL(ttl)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shiftClocks(t, servers[:3], -time.Hour)
+	waitRenewals(t, ctx, servers[0].Client(t), key, ttl, 4, func() {
+		if err := l.Context().Err(); err != nil {
+			t.Fatalf("lease ended after three masters' clocks went back: %v", context.Cause(l.Context()))
+		}
+		if _, err := b.Mutex("qback").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+			t.Fatalf("TryLock while held: %v, want ErrNotObtained", err)
+		}
+	})
+	if n := holdersOf(t, servers, key, l.Token()); n != 5 {
+		t.Fatalf("the holder owns the lock on %d masters, want all 5", n)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock: %v", err)
+	}
+	if n := holdersOf(t, servers, key, l.Token()); n != 0 {
+		t.Fatalf("the lock is still owned on %d masters after Unlock", n)
+	}
+	next, err := b.Mutex("qback").TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock after Unlock: %v", err)
+	}
+	if next.Fence() <= l.Fence() {
+		t.Fatalf("next fence %d not above %d", next.Fence(), l.Fence())
+	}
+	_ = next.Unlock(ctx)
+
+	servers[0].Do(t, "del", "dlock:epoch") // its data lost, say
+	c := newQuorum(t, rdbs)
+	l2, err := c.Mutex("qback2").TryLock(ctx)
+	if err != nil {
+		t.Fatalf("a new Client's TryLock with three masters' clocks behind their start: %v", err)
+	}
+	defer l2.Unlock(ctx)
+	if servers[0].Do(t, "hget", "dlock:{qback2}", "o") != nil {
+		t.Fatal("a master without its epoch key, its clock behind its start, voted")
+	}
+	epoch, _ := strconv.ParseInt(servers[0].Do(t, "get", "dlock:epoch").(string), 10, 64)
+	clock, err := servers[0].Client(t).Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ahead := time.Duration(epoch-clock.UnixMilli()) * time.Millisecond; ahead < time.Hour-time.Minute {
+		t.Fatalf("epoch set %v ahead of the master's clock, want its start, about 1h ahead", ahead)
+	}
+	if n := holdersOf(t, servers, "dlock:{qback2}", l2.Token()); n != 4 {
+		t.Fatalf("granted on %d masters, want the 4 that vote", n)
+	}
+}

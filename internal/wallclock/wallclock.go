@@ -121,6 +121,10 @@ func (c *Cmd) SetOffset(d time.Duration) error {
 	return nil
 }
 
+// Supported returns nil where Command works, else an error that wraps
+// errors.ErrUnsupported and says why.
+func Supported() error { return supported() }
+
 // Traced reports whether this process runs under the tracer.
 func Traced() bool { return os.Getenv(tracedEnv) == "1" }
 
