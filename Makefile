@@ -46,7 +46,7 @@ demo: redis-server
 # Each curated mutant (internal/mutate/mutants.txt) breaks one safety
 # mechanism with a small edit; the tests docs/SAFETY.md cites for it must
 # fail. Not part of make test: it takes minutes (docs/SAFETY.md).
-mutate: redis-server
+mutate: redis-server cc
 	$(GO) run ./internal/mutate $(MUTATE_FLAGS)
 
 bench: redis-server

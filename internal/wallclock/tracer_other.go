@@ -2,8 +2,12 @@
 
 package wallclock
 
-import "runtime"
+import (
+	"errors"
+	"fmt"
+	"runtime"
+)
 
 func supported() error {
-	return errUnsupported("a traced wall clock needs Linux on amd64, not " + runtime.GOOS + "/" + runtime.GOARCH)
+	return fmt.Errorf("wallclock: a traced wall clock needs Linux on amd64, not %s/%s: %w", runtime.GOOS, runtime.GOARCH, errors.ErrUnsupported)
 }

@@ -21,7 +21,6 @@ package wallclock
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -127,8 +126,3 @@ func Supported() error { return supported() }
 
 // Traced reports whether this process runs under the tracer.
 func Traced() bool { return os.Getenv(tracedEnv) == "1" }
-
-// errUnsupported wraps errors.ErrUnsupported with why.
-func errUnsupported(why string) error {
-	return fmt.Errorf("wallclock: %s: %w", why, errors.ErrUnsupported)
-}
