@@ -15,6 +15,9 @@
 // The binary is looked up as $REDISTEST_REDIS_SERVER, then redis-server in
 // $PATH, then /usr/bin/redis-server and /usr/local/bin/redis-server. If none
 // exists, Start fails the test (it never skips) and says how to install it.
+// A server whose wall clock the test moves (Options.ClockShift) also needs a
+// C compiler, for its LD_PRELOAD shim: without one the test is skipped,
+// saying what to install.
 //
 // A server can be killed and restarted on the same port and directory, so
 // clients that reconnect to the same address see the restarted server;

@@ -38,13 +38,15 @@ const (
 
 // Cmd is an exec.Cmd whose process runs under the tracer. Set Env, Dir and
 // the standard streams (also with StdinPipe and StdoutPipe), then call
-// Start and Wait as usual. Process is the tracer's: signal it to end the
-// child (SIGKILL kills both).
+// Start and Wait, or Run, as usual (Output and CombinedOutput of the
+// embedded exec.Cmd would bypass them, and must not be used). Process is
+// the tracer's: signal it to end the child (SIGKILL kills both). SetOffset
+// is for one goroutine at a time.
 type Cmd struct {
 	*exec.Cmd
-	ctl     *os.File // the tracer's control pipe: 8-byte offsets in ns
-	ack     *os.File // one byte back per offset applied
-	tracerR []*os.File
+	ctl        *os.File   // the tracer's control pipe: 8-byte offsets in ns
+	ack        *os.File   // one byte back per offset applied
+	tracerEnds []*os.File // the tracer's ends of both, closed here once started
 }
 
 // Command returns a Cmd that runs name with args, as exec.Command does,
@@ -73,7 +75,7 @@ func Command(name string, args ...string) (*Cmd, error) {
 	cmd := exec.Command(exe, append([]string{name}, args...)...)
 	cmd.Args[0] = "wallclock-tracer"
 	cmd.ExtraFiles = []*os.File{ctlR, ackW} // fds 3 and 4 of the tracer
-	return &Cmd{Cmd: cmd, ctl: ctlW, ack: ackR, tracerR: []*os.File{ctlR, ackW}}, nil
+	return &Cmd{Cmd: cmd, ctl: ctlW, ack: ackR, tracerEnds: []*os.File{ctlR, ackW}}, nil
 }
 
 // Start starts the tracer, which starts the child. The child's environment
@@ -85,7 +87,7 @@ func (c *Cmd) Start() error {
 		c.Env = append(c.Env, tracerEnv+"=1")
 	}
 	err := c.Cmd.Start()
-	for _, f := range c.tracerR {
+	for _, f := range c.tracerEnds {
 		f.Close()
 	}
 	if err != nil {
@@ -103,6 +105,14 @@ func (c *Cmd) Wait() error {
 	c.ctl.Close()
 	c.ack.Close()
 	return err
+}
+
+// Run starts the command and waits for it.
+func (c *Cmd) Run() error {
+	if err := c.Start(); err != nil {
+		return err
+	}
+	return c.Wait()
 }
 
 // SetOffset sets the child's wall clock to the real time plus d, and
