@@ -5,7 +5,7 @@
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test vet bench demo chaos mutate redis-server
+.PHONY: test vet bench demo chaos mutate redis-server cc
 
 # Tests start real redis-server processes; install Debian's when missing.
 redis-server:
@@ -15,11 +15,20 @@ redis-server:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
 	@redis-server --version
 
+# The server clock-jump tests (faults 9 and 10) build an LD_PRELOAD shim
+# (internal/redistest/clockshift); install a C compiler and libc headers
+# when they cannot compile it.
+cc:
+	@printf '#include <sys/syscall.h>\n#include <sys/mman.h>\n' | $${CC:-cc} -fsyntax-only -x c - 2>/dev/null || { \
+		echo "installing gcc and libc6-dev from Debian's packages"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null; }
+
 vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }
 
-test: redis-server vet
+test: redis-server cc vet
 	$(GO) test -race -count=1 -timeout 12m ./...
 
 # chaos explores interleavings for longer than make test does: DLOCK_CHAOS
@@ -37,7 +46,7 @@ demo: redis-server
 # Each curated mutant (internal/mutate/mutants.txt) breaks one safety
 # mechanism with a small edit; the tests docs/SAFETY.md cites for it must
 # fail. Not part of make test: it takes minutes (docs/SAFETY.md).
-mutate: redis-server
+mutate: redis-server cc
 	$(GO) run ./internal/mutate $(MUTATE_FLAGS)
 
 bench: redis-server

@@ -51,8 +51,10 @@
 //     idle period (WithIdleExpiry), and a new counter starts from the server
 //     clock in microseconds: so fences keep increasing across reclaims,
 //     expiries and even restarts that lost the key, as long as the server
-//     clock does not step backwards. A held lock costs Redis one small hash
-//     (under 200 bytes: TestMemoryPerLock checks it).
+//     clock does not step backwards (if it does and the key is lost, a
+//     Client that was granted a higher fence for the name logs the
+//     regression at Error level, see WithLogger). A held lock costs Redis
+//     one small hash (under 200 bytes: TestMemoryPerLock checks it).
 //   - Waiting is notified, not polled: waiters of one Client share one
 //     subscription and queue locally in arrival order, and only the head of
 //     that queue contends at Redis, where it takes a place in the lock's line;

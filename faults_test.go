@@ -342,30 +342,51 @@ func TestFenceRegressionReported(t *testing.T) {
 	}
 }
 
-// recordedLogs is a slog.Handler that keeps the messages.
+// recordedLogs is a slog.Handler that keeps the records.
 type recordedLogs struct {
 	mu   sync.Mutex
-	msgs []string
+	recs []slog.Record
 }
 
 func (r *recordedLogs) Enabled(context.Context, slog.Level) bool { return true }
 func (r *recordedLogs) Handle(_ context.Context, rec slog.Record) error {
 	r.mu.Lock()
-	r.msgs = append(r.msgs, rec.Message)
+	r.recs = append(r.recs, rec.Clone())
 	r.mu.Unlock()
 	return nil
 }
 func (r *recordedLogs) WithAttrs([]slog.Attr) slog.Handler { return r }
 func (r *recordedLogs) WithGroup(string) slog.Handler      { return r }
 
+// count returns how many messages, at any level, contain substr.
 func (r *recordedLogs) count(substr string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
-	for _, m := range r.msgs {
-		if strings.Contains(m, substr) {
+	for _, rec := range r.recs {
+		if strings.Contains(rec.Message, substr) {
 			n++
 		}
 	}
 	return n
+}
+
+// errorAttrs returns the attributes, as strings, of each Error record
+// whose message contains substr.
+func (r *recordedLogs) errorAttrs(substr string) []map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []map[string]string
+	for _, rec := range r.recs {
+		if rec.Level != slog.LevelError || !strings.Contains(rec.Message, substr) {
+			continue
+		}
+		attrs := map[string]string{}
+		rec.Attrs(func(a slog.Attr) bool {
+			attrs[a.Key] = a.Value.String()
+			return true
+		})
+		out = append(out, attrs)
+	}
+	return out
 }

@@ -47,6 +47,22 @@ type event struct {
 func startChild(t *testing.T, role, addr, arg string) (*exec.Cmd, io.WriteCloser, *bufio.Scanner) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	stdin, sc := launchChild(t, cmd, cmd, role, addr, arg)
+	return cmd, stdin, sc
+}
+
+// childProc is how a child is started and waited for: an *exec.Cmd, or
+// one that runs under a tracer (internal/wallclock).
+type childProc interface {
+	Start() error
+	Wait() error
+}
+
+// launchChild starts cmd (through p) as a child playing role, and returns
+// its stdin and a scanner of its stdout. The child is killed when the test
+// ends.
+func launchChild(t *testing.T, p childProc, cmd *exec.Cmd, role, addr, arg string) (io.WriteCloser, *bufio.Scanner) {
+	t.Helper()
 	cmd.Env = append(os.Environ(), childRoleEnv+"="+role, childAddrEnv+"="+addr, childArgEnv+"="+arg)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -57,17 +73,17 @@ func startChild(t *testing.T, role, addr, arg string) (*exec.Cmd, io.WriteCloser
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGCONT)
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		_ = p.Wait()
 	})
 	sc := bufio.NewScanner(stdout)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	return cmd, stdin, sc
+	return stdin, sc
 }
 
 // expectLine reads child output lines until one starts with prefix.

@@ -574,22 +574,29 @@ func (q *quorum) certify(ctx context.Context, m *member) error {
 	if err != nil {
 		return fmt.Errorf("reading the master's uptime: %w", err)
 	}
-	var up, usec int64 = -1, -1
+	var up, usec int64
+	var hasUp, hasUsec bool
 	sc := bufio.NewScanner(strings.NewReader(info))
 	for sc.Scan() {
 		k, v, _ := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		switch k {
-		case "uptime_in_seconds":
-			up, _ = strconv.ParseInt(v, 10, 64)
-		case "server_time_usec":
-			usec, _ = strconv.ParseInt(v, 10, 64)
+		n, err := strconv.ParseInt(v, 10, 64)
+		switch {
+		case err != nil:
+		case k == "uptime_in_seconds":
+			up, hasUp = n, true
+		case k == "server_time_usec":
+			usec, hasUsec = n, true
 		}
 	}
-	if up < 0 || usec < 0 {
+	if !hasUp || !hasUsec {
 		return errors.New("INFO server has no uptime_in_seconds or server_time_usec (Redis 7 or later is needed)")
 	}
 	// Uptime is whole seconds, rounded down: the start computed is no
-	// earlier than the real one.
+	// earlier than the real one. It is the server's clock now less its
+	// clock at start, negative once that clock has gone back past the
+	// start (TestFault10QuorumClockJumpsBackward): the start is then ahead
+	// of the clock, and an epoch set from it keeps the master from voting
+	// until its clock has passed it by the restart delay.
 	start := usec/1000 - up*1000
 	cmd := redis.NewStatusCmd(ctx, "set", q.epoch, start, "nx")
 	_ = conn.Process(ctx, onceStatus{cmd})

@@ -16,9 +16,9 @@ import (
 // quorumMasters starts n independent masters whose data the test knows to
 // be new: their epoch keys are set to long ago, so they vote at once (a
 // master's first use otherwise waits out the restart delay).
-func quorumMasters(t *testing.T, n int) ([]*redistest.Server, []redis.UniversalClient) {
+func quorumMasters(t *testing.T, n int, opts ...redistest.Options) ([]*redistest.Server, []redis.UniversalClient) {
 	t.Helper()
-	servers := redistest.Masters(t, n)
+	servers := redistest.Masters(t, n, opts...)
 	rdbs := make([]redis.UniversalClient, n)
 	for i, s := range servers {
 		certifyOld(t, s)

@@ -37,6 +37,9 @@ func (s *Server) launch(ctx context.Context, port int, deadline time.Time) (p *p
 	}
 	cmd := exec.Command(s.bin, s.args(port)...)
 	cmd.Dir = s.dataDir
+	if len(s.env) > 0 {
+		cmd.Env = append(os.Environ(), s.env...)
+	}
 	cmd.Stdout, cmd.Stderr = stdio, stdio
 	p, err = startProc(cmd)
 	_ = stdio.Close()

@@ -72,6 +72,9 @@ type Config struct {
 	// Sentinel runs the server in Sentinel mode, with the config file
 	// Dir/data/sentinel.conf (made empty if missing; Sentinel rewrites it).
 	Sentinel bool
+	// Env holds extra environment variables ("NAME=value") for the
+	// process, after the caller's own environment, e.g. an LD_PRELOAD.
+	Env []string
 	// Timeout bounds Start and each Restart: finding a port, starting the
 	// process and loading the data. Default DefaultTimeout.
 	Timeout time.Duration
@@ -83,6 +86,7 @@ type Server struct {
 	bin       string
 	extraArgs []string // Config.Args
 	sentinel  bool
+	env       []string // Config.Env
 	timeout   time.Duration
 	root      string // Config.Dir, or the directory Start made
 	ownsRoot  bool   // Close removes root
@@ -127,6 +131,7 @@ func newServer(cfg Config) (*Server, error) {
 		bin:       bin,
 		extraArgs: append([]string(nil), cfg.Args...),
 		sentinel:  cfg.Sentinel,
+		env:       append([]string(nil), cfg.Env...),
 		timeout:   cfg.Timeout,
 		root:      cfg.Dir,
 	}

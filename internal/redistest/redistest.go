@@ -15,6 +15,9 @@
 // The binary is looked up as $REDISTEST_REDIS_SERVER, then redis-server in
 // $PATH, then /usr/bin/redis-server and /usr/local/bin/redis-server. If none
 // exists, Start fails the test (it never skips) and says how to install it.
+// A server whose wall clock the test moves (Options.ClockShift) also needs a
+// C compiler, for its LD_PRELOAD shim: without one the test is skipped,
+// saying what to install.
 //
 // A server can be killed and restarted on the same port and directory, so
 // clients that reconnect to the same address see the restarted server;
@@ -58,13 +61,19 @@ type Options struct {
 	// clients and scripts alike, as a Redis before 7.0 does: unknown
 	// command.
 	NoShardedPubSub bool
+	// ClockShift starts the server with an LD_PRELOAD shim, built from C
+	// source by the system's C compiler, that moves its wall clock by the
+	// offset SetClockOffset sets (0 at first). Linux only; without a C
+	// compiler the test is skipped, saying what to install.
+	ClockShift bool
 }
 
 // Server is one redis-server process on 127.0.0.1, started by
 // internal/redisproc. Its port and data directory stay the same across
 // Kill and Restart. All methods are safe for concurrent use.
 type Server struct {
-	p *redisproc.Server
+	p         *redisproc.Server
+	clockFile string // the offset file, with ClockShift; else ""
 }
 
 // Start starts one redis-server on a free loopback port and waits until it
@@ -79,20 +88,27 @@ func Start(t testing.TB, opts ...Options) *Server {
 // with the same options.
 func Masters(t testing.TB, n int, opts ...Options) []*Server {
 	t.Helper()
-	cfg := config(t, opts)
+	cfg, shim := config(t, opts)
 	servers := make([]*Server, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range servers {
 		c := cfg
 		c.Dir = t.TempDir()
+		var clockFile string
+		if shim != "" {
+			var err error
+			if clockFile, c.Env, err = clockShiftEnv(shim, c.Dir); err != nil {
+				t.Fatalf("redistest: %v", err)
+			}
+		}
 		wg.Go(func() {
 			p, err := redisproc.Start(context.Background(), c)
 			if err != nil {
 				errs[i] = err
 				return
 			}
-			servers[i] = &Server{p: p}
+			servers[i] = &Server{p: p, clockFile: clockFile}
 		})
 	}
 	wg.Wait()
@@ -109,8 +125,9 @@ func Masters(t testing.TB, n int, opts ...Options) []*Server {
 	return servers
 }
 
-// config validates the options and turns them into redisproc's.
-func config(t testing.TB, opts []Options) redisproc.Config {
+// config validates the options and turns them into redisproc's; shim is
+// the clock-shift shim's path with ClockShift, else "".
+func config(t testing.TB, opts []Options) (cfg redisproc.Config, shim string) {
 	t.Helper()
 	var o Options
 	switch len(opts) {
@@ -145,7 +162,10 @@ func config(t testing.TB, opts []Options) redisproc.Config {
 			args = append(args, "--rename-command", cmd, "")
 		}
 	}
-	return redisproc.Config{Bin: bin, Args: append(args, o.Args...), Sentinel: o.Sentinel}
+	if o.ClockShift {
+		shim = buildClockShift(t)
+	}
+	return redisproc.Config{Bin: bin, Args: append(args, o.Args...), Sentinel: o.Sentinel}, shim
 }
 
 // findRedisServer returns the redis-server binary to run.
