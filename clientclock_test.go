@@ -261,6 +261,10 @@ var wallClockAllowed = []struct {
 		"the server's TIME, read in the same pipeline as the lock's keys"},
 	{"cmd/dlock/status.go", "inspect", "time.Time.UnixMilli", 1,
 		"that TIME in ms, compared only with deadlines the scripts stored by the same server's clock (semaphore holders, waiters in line): the client's clock plays no part"},
+	{"cmd/dlock/quorum.go", "readVote", "(*github.com/redis/go-redis/v9.TimeCmd).Val", 1,
+		"a quorum master's TIME, read in the same pipeline as its epoch key"},
+	{"cmd/dlock/quorum.go", "readVote", "time.Time.UnixMilli", 1,
+		"that TIME in ms, less the epoch the master's own clock stored: the age of its data, for dlock status to show; the client's clock plays no part"},
 }
 
 // wallClockUse is one use of something TestFault11NoWallClock checks.

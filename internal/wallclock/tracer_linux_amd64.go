@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -18,7 +19,30 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func supported() error { return nil }
+// supported runs `true` under the tracer once: a sandbox that forbids
+// ptrace or seccomp filters (some containers do) makes the tracer fail,
+// and then Command is unsupported here rather than broken.
+func supported() error {
+	probe.once.Do(func() {
+		c, err := command("true")
+		if err == nil {
+			var out strings.Builder
+			c.Stderr = &out
+			if err = c.Run(); err != nil {
+				err = fmt.Errorf("%w: %s", err, strings.TrimSpace(out.String()))
+			}
+		}
+		if err != nil {
+			probe.err = fmt.Errorf("wallclock: tracing a child fails here (%v): %w", err, errors.ErrUnsupported)
+		}
+	})
+	return probe.err
+}
+
+var probe struct {
+	once sync.Once
+	err  error
+}
 
 func init() {
 	if os.Getenv(tracerEnv) == "1" {

@@ -55,6 +55,10 @@ func Command(name string, args ...string) (*Cmd, error) {
 	if err := supported(); err != nil {
 		return nil, err
 	}
+	return command(name, args...)
+}
+
+func command(name string, args ...string) (*Cmd, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("wallclock: %w", err)
