@@ -226,7 +226,7 @@ func (q *quorum) all(votes <-chan vote) []vote {
 // split: no majority holds it for others (contenders split the votes, or
 // masters are down), so a retry soon may win without a release to wake it.
 func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, err error) {
-	lk := h.lk
+	lk, token := h.lk, h.token
 	r.sent = h.c.sendTime()
 	delay := formatMillis(q.delay)
 	votes := q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
@@ -235,12 +235,12 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 				return nil, err
 			}
 		}
-		return quorumAcquireScript.run(ctx, m.c.rdb, []string{lk.hash, q.epoch}, h.token, lk.ttlArg, delay)
+		return quorumAcquireScript.run(ctx, m.c.rdb, []string{lk.hash, q.epoch}, token, lk.ttlArg, delay)
 	}, func(m *member, v any, err error) {
 		// This master answered after its timeout: give back what it
 		// granted (or may have).
 		if granting(v, err) {
-			q.dropLater(lk, m, h.token)
+			q.dropLater(lk, m, token)
 		}
 	})
 	n := len(q.members)
@@ -256,7 +256,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		case v.err != nil:
 			if isForeign(v.err) {
 				q.drain(votes, n-got-1)
-				q.give(ctx, h)
+				q.dropAll(ctx, lk, token)
 				return r, false, lk.kindErr(v.err)
 			}
 			firstErr = cmp(firstErr, v.err)
@@ -287,7 +287,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	if len(granted) >= q.maj {
 		// Masters that answer later keep their grant until Unlock (by
 		// token), or give it back if they answer after their timeout.
-		fence, ok := q.raise(ctx, h, granted)
+		fence, ok := q.raise(ctx, lk, token, granted)
 		if ok && time.Now().Before(validUntil(r.sent, lk.ttl)) {
 			r.ok, r.fence = true, fence
 			return r, false, nil
@@ -297,14 +297,14 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 			why = "its fence could not be raised on a majority"
 		}
 		q.drain(votes, n-got)
-		q.give(ctx, h)
+		q.dropAll(ctx, lk, token)
 		return r, true, fmt.Errorf("acquire: %d of %d masters granted, but %s", len(granted), n, why)
 	}
 	// No majority: wait for the rest (bounded by the per-master timeout),
 	// so that everything it granted is given back.
 	doubt += q.drain(votes, n-got)
 	if len(granted)+doubt > 0 {
-		q.give(ctx, h)
+		q.dropAll(ctx, lk, token)
 	}
 	if held > 0 {
 		r.left = left
@@ -352,10 +352,10 @@ func cmp(first, err error) error {
 	return err
 }
 
-// raise makes h's fence the largest that the granting masters handed out
+// raise makes the grant's fence the largest that the granting masters handed out
 // and raises the counter to it on each of them that handed out less. It
 // reports whether a majority now has it.
-func (q *quorum) raise(ctx context.Context, h *holding, granted map[int]uint64) (uint64, bool) {
+func (q *quorum) raise(ctx context.Context, lk *lock, token string, granted map[int]uint64) (uint64, bool) {
 	var fence uint64
 	for _, f := range granted {
 		fence = max(fence, f)
@@ -382,7 +382,7 @@ func (q *quorum) raise(ctx context.Context, h *holding, granted map[int]uint64) 
 			nctx, cancel := context.WithTimeout(ctx, q.node)
 			defer cancel()
 			v, err := m.c.aside(nctx, func(ctx context.Context) (any, error) {
-				return quorumFenceScript.run(ctx, m.c.rdb, []string{h.lk.hash}, h.token, fs)
+				return quorumFenceScript.run(ctx, m.c.rdb, []string{lk.hash}, token, fs)
 			}, nil)
 			done <- err == nil && v == int64(1)
 		}()
@@ -398,12 +398,6 @@ func (q *quorum) raise(ctx context.Context, h *holding, granted map[int]uint64) 
 // raiseAll: raise the counter on every granting master (false: only until
 // a majority has it, which the proof needs).
 const raiseAll = true
-
-// give gives back what h's failed attempt took, on every master (by
-// token: a master that did not grant is not touched).
-func (q *quorum) give(ctx context.Context, h *holding) {
-	q.dropAll(ctx, h.lk, h.token)
-}
 
 // dropAll releases token's lock on every master without waking waiters
 // (the payload 0 is below every fence a waiter saw: see join). Masters
@@ -681,7 +675,7 @@ func (q *quorum) lock(ctx context.Context, lk *lock) (*Lease, error) {
 	}
 	bound.Stop()
 	if ctx.Err() == nil && !c.closed.Load() {
-		r, split, err = q.acquire(ctx, h)
+		r, split, err = q.retry(ctx, h)
 	}
 	backoff := q.node
 	timer := time.NewTimer(time.Hour)
@@ -712,8 +706,17 @@ func (q *quorum) lock(ctx context.Context, lk *lock) (*Lease, error) {
 		case <-c.bg.Done():
 			return nil, nameErr(lk.name, ErrClosed)
 		}
-		r, split, err = q.acquire(ctx, h)
+		r, split, err = q.retry(ctx, h)
 	}
+}
+
+// retry is a Lock's next attempt, under a token of its own: what gives
+// back an earlier attempt by token may still be on its way (a late reply's
+// give-back, a release that runs late), and must not release this one's
+// grant.
+func (q *quorum) retry(ctx context.Context, h *holding) (look, bool, error) {
+	h.token = h.c.tokens.next()
+	return q.acquire(ctx, h)
 }
 
 // quorumProto is a mutex in quorum mode: requests go through the quorum
