@@ -582,9 +582,10 @@ func (q *quorum) certify(ctx context.Context, m *member) error {
 	if up < 0 || usec < 0 {
 		return errors.New("INFO server has no uptime_in_seconds or server_time_usec (Redis 7 or later is needed)")
 	}
-	// Uptime is whole seconds, rounded down: the start computed is no
-	// earlier than the real one.
-	start := usec/1000 - up*1000
+	// Uptime is the difference of two whole-second clocks (now and the
+	// start, each rounded down): up to a second more than the real uptime.
+	// A second later than now - uptime is no earlier than the real start.
+	start := usec/1000 - up*1000 + 1000
 	cmd := redis.NewStatusCmd(ctx, "set", q.epoch, start, "nx")
 	_ = conn.Process(ctx, onceStatus{cmd})
 	if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {

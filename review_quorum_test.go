@@ -7,6 +7,8 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,15 +45,16 @@ func holdersOf(t *testing.T, servers []*redistest.Server, name, token string) in
 	return n
 }
 
-// noSecondGrant tries other's TryLock of name for a while and fails the test
-// if it obtains the lock while l is still believed valid (two leases at
-// once), or if the attempts err.
-func noSecondGrant(t *testing.T, ctx context.Context, other *dlock.Client, name string, l *dlock.Lease, servers []*redistest.Server, d time.Duration) {
+// noSecondGrant tries m (another Client's Mutex of l's lock) for at most d,
+// until l is no longer believed valid, and fails the test if it obtains
+// the lock while l is (two leases at once), or if an attempt errs with
+// anything but ErrNotObtained (or, with young, a refusal to vote).
+func noSecondGrant(t *testing.T, ctx context.Context, m *dlock.Mutex, l *dlock.Lease, servers []*redistest.Server, d time.Duration, young bool) {
 	t.Helper()
-	for end := time.Now().Add(d); time.Now().Before(end) && stillValid(l); time.Sleep(50 * time.Millisecond) {
-		l2, err := other.Mutex(name).TryLock(ctx)
+	for end := time.Now().Add(d); time.Now().Before(end) && stillValid(l); time.Sleep(20 * time.Millisecond) {
+		l2, err := m.TryLock(ctx)
 		if err == nil {
-			held := holdersOf(t, servers, name, l.Token())
+			held := holdersOf(t, servers, m.Name(), l.Token())
 			valid := stillValid(l)
 			_ = l2.Unlock(ctx)
 			if valid {
@@ -60,7 +63,7 @@ func noSecondGrant(t *testing.T, ctx context.Context, other *dlock.Client, name 
 			}
 			return
 		}
-		if !errors.Is(err, dlock.ErrNotObtained) {
+		if !errors.Is(err, dlock.ErrNotObtained) && !(young && strings.Contains(err.Error(), "not voting")) {
 			t.Fatalf("TryLock: %v", err)
 		}
 	}
@@ -88,8 +91,70 @@ func TestReviewQuorumRetryKeepsItsGrant(t *testing.T) {
 		t.Fatalf("the lease holds %d of 3 masters as Lock returns", n)
 	}
 	other := newQuorum(t, deadMasters(t, rdbs, 1)) // A and C
-	noSecondGrant(t, ctx, other, "retried", l, servers, 4*time.Second)
+	noSecondGrant(t, ctx, other.Mutex("retried"), l, servers, 4*time.Second, false)
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// sleepToFrac sleeps until the wall clock's fraction of a second is frac
+// (in this second if it is still ahead, else in the next).
+func sleepToFrac(frac time.Duration) {
+	now := time.Now()
+	at := now.Truncate(time.Second).Add(frac)
+	if !at.After(now) {
+		at = at.Add(time.Second)
+	}
+	time.Sleep(time.Until(at))
+}
+
+// epochOf returns the start a master's epoch key records, in ms since the
+// Unix epoch.
+func epochOf(t *testing.T, s *redistest.Server) int64 {
+	t.Helper()
+	v, _ := s.Do(t, "get", "dlock:epoch").(string)
+	f := strings.Fields(v)
+	if len(f) == 0 {
+		t.Fatalf("%s has no epoch key", s.Addr())
+	}
+	ms, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		t.Fatalf("epoch key %q: %v", v, err)
+	}
+	return ms
+}
+
+// TestReviewQuorumRestartedMasterWaitsFullDelay: INFO's uptime_in_seconds
+// is the difference of two whole-second clocks (now and the start, each
+// rounded down), so it can be up to a second more than the real uptime;
+// the epoch computed from it (now - uptime) then lies before the process
+// started, and a restarted master votes up to a second before the restart
+// delay has passed. With the delay equal to the TTL (the least the
+// documentation allows): a lease is granted on A and B at .3 s past a
+// second k, A restarts without its data at once, and A is first asked at
+// k+1.02 s: its epoch comes out as k.02 instead of after k.3, and from
+// k+2.02 s A votes for a contender with C while the lease is valid until
+// about k+2.28 s.
+func TestReviewQuorumRestartedMasterWaitsFullDelay(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 3)
+	const ttl = 2 * time.Second
+	first := newQuorum(t, deadMasters(t, rdbs, 2), dlock.WithRestartDelay(ttl)) // A and B
+	other := newQuorum(t, deadMasters(t, rdbs, 1), dlock.WithRestartDelay(ttl)) // A and C
+	sleepToFrac(300 * time.Millisecond)
+	l, err := first.Mutex("restarted", dlock.TTL(ttl), dlock.NoRenew()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	servers[0].Restart(t) // without persistence: A forgets the lease
+	sleepToFrac(20 * time.Millisecond)
+	m := other.Mutex("restarted", dlock.TTL(ttl))
+	if _, err := m.TryLock(ctx); err == nil || !strings.Contains(err.Error(), "not voting") {
+		t.Fatalf("TryLock just after A restarted: %v, want a refusal to vote", err)
+	}
+	if e := epochOf(t, servers[0]); e < restarted.UnixMilli() {
+		t.Errorf("A's epoch is %v, before its restart began (%v)", time.UnixMilli(e).Format("15:04:05.000"), restarted.Format("15:04:05.000"))
+	}
+	noSecondGrant(t, ctx, m, l, servers, 4*time.Second, true)
 }
