@@ -1,16 +1,11 @@
 package dlock
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/wire"
@@ -34,10 +29,6 @@ type member struct {
 	c    *Client
 	rdb  *redis.Client
 	addr string
-	// certified: the epoch key is believed set (quorum_acquire.lua answers
-	// {2, -1} when it is not, after which it is set again from INFO).
-	certified atomic.Bool
-	certMu    sync.Mutex // one certification at a time
 }
 
 var (
@@ -81,12 +72,14 @@ const quorumSlack = 2 * time.Millisecond
 //
 // What quorum mode assumes (the conditions of the Redlock argument): the
 // clocks of the masters and of this process run at nearly the same rate
-// (within 1%) and no master's clock jumps; and a master that lost its data
-// (a restart without persistence) does not vote until every lease it may
-// have granted has expired. dlock enforces the last itself: a master's
-// data carries an epoch key, set from its uptime, and a master without it,
-// or whose data is younger than WithRestartDelay, refuses to vote for the
-// rest of the delay. Every Client of a quorum must use the same restart
+// (within 1%) and no master's clock jumps; and a master whose data may lack
+// a lease it granted (after a restart, whatever its persistence, or a
+// failover to a replica) does not vote until every lease it may have
+// granted has expired. dlock enforces the last itself: a master's data
+// carry an epoch key naming the process that holds them and since when,
+// and a master whose key is missing or names another process, or whose
+// process has held its data for less than WithRestartDelay, refuses to
+// vote for the rest of the delay. Every Client of a quorum must use the same restart
 // delay, and no lease may be longer (a TTL or Extend above it is refused).
 func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
 	cfg := defaultClientConfig()
@@ -145,12 +138,14 @@ func WithNodeTimeout(d time.Duration) Option {
 	}
 }
 
-// WithRestartDelay is how long a quorum master whose data began recently
-// (it restarted without persistence, or is new) refuses to vote: at least
+// WithRestartDelay is how long a quorum master whose process got its data
+// recently refuses to vote: after a restart (with or without persistence:
+// a snapshot or an AOF without appendfsync always lacks the last writes), a
+// failover to a replica (which may lag), or when new. It must be at least
 // the longest TTL of any Client of the quorum, which must all use the same
 // delay. Leases longer than it are refused. 0 turns the check off, which is
-// safe only with appendfsync always on every master. Default
-// DefaultRestartDelay.
+// safe only with appendfsync always on every master and no failovers.
+// Default DefaultRestartDelay.
 func WithRestartDelay(d time.Duration) Option {
 	return func(c *clientConfig) {
 		c.quorum.delay, c.quorum.set = d, "WithRestartDelay"
@@ -230,11 +225,6 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	r.sent = h.c.sendTime()
 	delay := formatMillis(q.delay)
 	votes := q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
-		if !m.certified.Load() {
-			if err := q.certify(ctx, m); err != nil {
-				return nil, err
-			}
-		}
 		return quorumAcquireScript.run(ctx, m.c.rdb, []string{lk.hash, q.epoch}, token, lk.ttlArg, delay)
 	}, func(m *member, v any, err error) {
 		// This master answered after its timeout: give back what it
@@ -268,9 +258,6 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 			f, _ := a[1].(int64)
 			granted[v.i] = uint64(f)
 		case a[0] == int64(2):
-			if ms, _ := a[1].(int64); ms < 0 {
-				q.members[v.i].certified.Store(false)
-			}
 			refused++
 		default:
 			ms, _ := a[1].(int64)
@@ -552,53 +539,6 @@ func (q *quorum) extends(ctx context.Context, calls []call) []*redis.Cmd {
 	}
 	return out
 }
-
-// certify sets m's epoch key, if it has none, to when its data began: now
-// less its uptime (INFO), read and written on one connection, so that a
-// restart between the two cannot lend a new master the old one's age.
-func (q *quorum) certify(ctx context.Context, m *member) error {
-	m.certMu.Lock()
-	defer m.certMu.Unlock()
-	if m.certified.Load() {
-		return nil
-	}
-	conn := m.rdb.Conn()
-	defer conn.Close()
-	info, err := conn.Info(ctx, "server").Result()
-	if err != nil {
-		return fmt.Errorf("reading the master's uptime: %w", err)
-	}
-	var up, usec int64 = -1, -1
-	sc := bufio.NewScanner(strings.NewReader(info))
-	for sc.Scan() {
-		k, v, _ := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		switch k {
-		case "uptime_in_seconds":
-			up, _ = strconv.ParseInt(v, 10, 64)
-		case "server_time_usec":
-			usec, _ = strconv.ParseInt(v, 10, 64)
-		}
-	}
-	if up < 0 || usec < 0 {
-		return errors.New("INFO server has no uptime_in_seconds or server_time_usec (Redis 7 or later is needed)")
-	}
-	// Uptime is the difference of two whole-second clocks (now and the
-	// start, each rounded down): up to a second more than the real uptime.
-	// A second later than now - uptime is no earlier than the real start.
-	start := usec/1000 - up*1000 + 1000
-	cmd := redis.NewStatusCmd(ctx, "set", q.epoch, start, "nx")
-	_ = conn.Process(ctx, onceStatus{cmd})
-	if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("setting the master's epoch: %w", err)
-	}
-	m.certified.Store(true)
-	return nil
-}
-
-// onceStatus is onceCmd for a status reply.
-type onceStatus struct{ *redis.StatusCmd }
-
-func (onceStatus) NoRetry() bool { return true }
 
 // join registers h's Lock as a quorum waiter: woken by a release published
 // on any master. ready holds each master's subscription confirmation.

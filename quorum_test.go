@@ -27,10 +27,17 @@ func quorumMasters(t *testing.T, n int) ([]*redistest.Server, []redis.UniversalC
 	return servers, rdbs
 }
 
-// certifyOld sets s's epoch key (default prefix) to the epoch of the clock.
+// certifyOld sets s's epoch key (default prefix) to the epoch of the clock,
+// for the process that runs s now.
 func certifyOld(t *testing.T, s *redistest.Server) {
 	t.Helper()
-	s.Do(t, "set", "dlock:epoch", "0")
+	info, _ := s.Do(t, "info", "server").(string)
+	_, run, _ := strings.Cut(info, "run_id:")
+	run, _, _ = strings.Cut(run, "\r\n")
+	if run == "" {
+		t.Fatalf("%s: no run_id in INFO server", s.Addr())
+	}
+	s.Do(t, "set", "dlock:epoch", "0 "+run)
 }
 
 func newQuorum(t *testing.T, rdbs []redis.UniversalClient, opts ...dlock.Option) *dlock.Client {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faultproxy"
 	"github.com/dlock-go/dlock/internal/faults"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/dlock-go/dlock/internal/wire"
@@ -157,4 +158,56 @@ func TestReviewQuorumRestartedMasterWaitsFullDelay(t *testing.T) {
 		t.Errorf("A's epoch is %v, before its restart began (%v)", time.UnixMilli(e).Format("15:04:05.000"), restarted.Format("15:04:05.000"))
 	}
 	noSecondGrant(t, ctx, m, l, servers, 4*time.Second, true)
+}
+
+// TestReviewQuorumRestartFromOldSnapshot: a master with persistence that
+// restarts comes back with what its last snapshot (or fsync) had: its
+// epoch key, written long ago, but not the leases it granted since. It
+// voted at once, as the epoch key said its data were old, and granted the
+// lock again while the lease it had forgotten was valid. Here A's RDB
+// snapshot is taken before the lease is granted on A and B; A restarts
+// from it, and another Client gets A and C.
+func TestReviewQuorumRestartFromOldSnapshot(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 3)
+	servers[0].Do(t, "save")                       // A's snapshot: the epoch key, no lease
+	first := newQuorum(t, deadMasters(t, rdbs, 2)) // A and B
+	l, err := first.Mutex("snapshot").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	servers[0].Restart(t) // killed, back from its snapshot
+	if servers[0].Do(t, "exists", "dlock:epoch") != int64(1) {
+		t.Fatal("A lost its epoch key: the snapshot did not load")
+	}
+	other := newQuorum(t, deadMasters(t, rdbs, 1)) // A and C
+	noSecondGrant(t, ctx, other.Mutex("snapshot"), l, servers, 2*time.Second, true)
+}
+
+// TestReviewQuorumFailoverToLaggingReplica: a failover client's master is
+// replaced by its replica, whose data lag behind: it has the epoch key
+// (replicated long ago) but not the lease granted just before the failover
+// (replication is asynchronous). It voted at once and granted the lock
+// again while that lease was valid. Here the replication link of A is held
+// while the lease is granted on A and B; A dies, its replica A' is
+// promoted, and another Client gets A' and C (A' stands for A: a failover
+// client would now reach it at A's place).
+func TestReviewQuorumFailoverToLaggingReplica(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 3)
+	replica, link := redistest.StartReplica(t, servers[0], true)
+	link.Hold(faultproxy.Downstream)               // A's writes from now on do not reach A'
+	first := newQuorum(t, deadMasters(t, rdbs, 2)) // A and B
+	l, err := first.Mutex("failover").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	servers[0].Kill()
+	replica.Do(t, "replicaof", "no", "one")
+	if replica.Do(t, "exists", "dlock:epoch") != int64(1) {
+		t.Fatal("A' has no epoch key: it did not sync before the failover")
+	}
+	view := deadMasters(t, []redis.UniversalClient{replica.Client(t), rdbs[1], rdbs[2]}, 1) // A' and C
+	other := newQuorum(t, view)
+	noSecondGrant(t, ctx, other.Mutex("failover"), l, append([]*redistest.Server{replica}, servers[1:]...), 2*time.Second, true)
 }
