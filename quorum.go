@@ -108,6 +108,9 @@ func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
 			return nil, invalidf("NewQuorum: master %d is a %T: each must be a *redis.Client of one master (or a failover client)", i, r)
 		}
 		addr := rc.Options().Addr
+		if addr == failoverAddr {
+			addr = fmt.Sprintf("the failover client %p", rc) // its master is the sentinels' to say
+		}
 		if j, dup := seen[addr]; dup {
 			return nil, invalidf("NewQuorum: masters %d and %d are both %s: the masters must be independent", j, i, addr)
 		}
@@ -123,6 +126,9 @@ func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
 	}
 	return c, nil
 }
+
+// failoverAddr is the address go-redis gives every failover client.
+const failoverAddr = "FailoverClient"
 
 // WithNodeTimeout bounds each request to one master in quorum mode
 // (NewQuorum): a master that has not answered by then counts as not

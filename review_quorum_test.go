@@ -211,3 +211,23 @@ func TestReviewQuorumFailoverToLaggingReplica(t *testing.T) {
 	other := newQuorum(t, view)
 	noSecondGrant(t, ctx, other.Mutex("failover"), l, append([]*redistest.Server{replica}, servers[1:]...), 2*time.Second, true)
 }
+
+// TestReviewQuorumFailoverClients: NewQuorum takes "a failover client too",
+// but go-redis gives every failover client the address "FailoverClient",
+// so NewQuorum refused any two of them as "both FailoverClient: the
+// masters must be independent".
+func TestReviewQuorumFailoverClients(t *testing.T) {
+	rdbs := make([]redis.UniversalClient, 3)
+	for i := range rdbs {
+		rdbs[i] = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m" + strconv.Itoa(i), SentinelAddrs: []string{"127.0.0.1:1"}})
+		t.Cleanup(func() { _ = rdbs[i].Close() })
+	}
+	c, err := dlock.NewQuorum(rdbs)
+	if err != nil {
+		t.Fatalf("NewQuorum of three failover clients: %v", err)
+	}
+	_ = c.Close()
+	if _, err := dlock.NewQuorum([]redis.UniversalClient{rdbs[0], rdbs[1], rdbs[0]}); !errors.Is(err, dlock.ErrInvalidArgument) {
+		t.Fatalf("NewQuorum with one failover client twice: %v, want ErrInvalidArgument", err)
+	}
+}
