@@ -221,11 +221,12 @@ func (q *quorum) all(votes <-chan vote) []vote {
 }
 
 // acquire asks every master for h's lock. It returns as soon as a majority
-// granted (then the fence is raised on them, see raise), or once no
-// majority can grant; what a failed attempt took is given back. r.left is
-// set when other holders answered: every lease of theirs has ended by then.
-// split: no majority holds it for others (contenders split the votes, or
-// masters are down), so a retry soon may win without a release to wake it.
+// granted (then the fence is raised on them, see raise), or once every
+// master answered (or timed out) without one; what a failed attempt took is
+// given back. r.left is set when other holders answered: every lease of
+// theirs has ended by then. split: no one holder has a majority (contenders
+// split the votes, or masters are down), so a retry soon may win without a
+// release to wake it.
 func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, err error) {
 	lk, token := h.lk, h.token
 	r.sent = h.c.sendTime()
@@ -242,10 +243,17 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	n := len(q.members)
 	granted := make(map[int]uint64, n)
 	var doubt, held, refused int // refused: no vote (restarting) or a bad reply
+	// heldBy counts the held replies by the holder's fence: a holder with
+	// a majority has raised its fence on one (see raise), while contenders
+	// in the middle of their attempts hold the masters with fences of each
+	// master's own. Only a holder with a majority releases, and wakes
+	// waiters; contenders give back without a wake-up.
+	heldBy := map[int64]int{}
+	var top int
 	var firstErr error
 	var left time.Duration
 	got := 0
-	for ; got < n && len(granted) < q.maj && n-held-refused-doubt >= q.maj; got++ {
+	for ; got < n && len(granted) < q.maj; got++ {
 		v := <-votes
 		a, _ := v.v.([]any)
 		switch {
@@ -272,6 +280,12 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 			}
 			left = max(left, time.Duration(ms)*time.Millisecond)
 			held++
+			var f int64
+			if len(a) > 2 {
+				f, _ = a[2].(int64)
+			}
+			heldBy[f]++
+			top = max(top, heldBy[f])
 		}
 	}
 	if doubt > 0 {
@@ -293,15 +307,14 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		q.dropAll(ctx, lk, token)
 		return r, true, fmt.Errorf("acquire: %d of %d masters granted, but %s", len(granted), n, why)
 	}
-	// No majority: wait for the rest (bounded by the per-master timeout),
-	// so that everything it granted is given back.
-	doubt += q.drain(votes, n-got)
+	// No majority, and every vote is in (each bounded by the per-master
+	// timeout): everything it granted is given back.
 	if len(granted)+doubt > 0 {
 		q.dropAll(ctx, lk, token)
 	}
 	if held > 0 {
 		r.left = left
-		return r, held < q.maj, nil
+		return r, top < q.maj, nil
 	}
 	if doubt == n {
 		return r, false, fmt.Errorf("acquire: no master answered: %w", firstErr)
@@ -330,7 +343,7 @@ func (q *quorum) drain(votes <-chan vote, k int) int {
 // shortErr says why a request had no majority: masters that granted, held
 // by others, refused (restarting) and did not answer.
 func (q *quorum) shortErr(what string, ok, held, refused, unknown int, err error) error {
-	msg := fmt.Sprintf("%s: %d of %d masters granted, %d needed (%d held by others, %d not voting after a restart, %d did not answer)",
+	msg := fmt.Sprintf("%s: %d of %d masters granted, %d needed (%d held by others, %d not voting yet after a restart, a failover or as new, %d did not answer)",
 		what, ok, len(q.members), q.maj, held, refused, unknown)
 	if err != nil {
 		return fmt.Errorf("%s: %w", msg, err)

@@ -82,7 +82,7 @@ func TestReviewQuorumRetryKeepsItsGrant(t *testing.T) {
 	servers, rdbs := quorumMasters(t, 3)
 	a, _ := faultyMaster(t, servers[0], faults.Rule{Script: "quorum_acquire", Kind: faults.DelayReply, Calls: []int{1}, Min: 2500 * time.Millisecond, Max: 2500 * time.Millisecond})
 	b, _ := faultyMaster(t, servers[1], faults.Rule{Script: "quorum_acquire", Kind: faults.FailSend, Calls: []int{1}})
-	view := deadMasters(t, []redis.UniversalClient{a, b, rdbs[2]}, 2)
+	view := downMasters(t, []redis.UniversalClient{a, b, rdbs[2]}, 2)
 	first := newQuorum(t, view, dlock.WithNodeTimeout(100*time.Millisecond))
 	l, err := first.Mutex("retried", dlock.TTL(10*time.Second)).Lock(ctx)
 	if err != nil {
@@ -91,11 +91,33 @@ func TestReviewQuorumRetryKeepsItsGrant(t *testing.T) {
 	if n := holdersOf(t, servers, "retried", l.Token()); n < 2 {
 		t.Fatalf("the lease holds %d of 3 masters as Lock returns", n)
 	}
-	other := newQuorum(t, deadMasters(t, rdbs, 1)) // A and C
+	other := newQuorum(t, downMasters(t, rdbs, 1)) // A and C
 	noSecondGrant(t, ctx, other.Mutex("retried"), l, servers, 4*time.Second, false)
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// downMasters returns rdbs with the masters at skip replaced by clients of
+// a proxy that resets every connection: masters this Client cannot reach.
+// (deadMasters' refused dials make go-redis retry dialling in the
+// background for a second after its client closed, which goleak sees when
+// a test runs alone.)
+func downMasters(t *testing.T, rdbs []redis.UniversalClient, skip ...int) []redis.UniversalClient {
+	t.Helper()
+	out := append([]redis.UniversalClient(nil), rdbs...)
+	for _, i := range skip {
+		p, err := faultproxy.Start("127.0.0.1:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		p.Refuse(true)
+		rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, DisableIdentity: true})
+		t.Cleanup(func() { _ = rdb.Close() })
+		out[i] = rdb
+	}
+	return out
 }
 
 // sleepToFrac sleeps until the wall clock's fraction of a second is frac
@@ -140,8 +162,8 @@ func TestReviewQuorumRestartedMasterWaitsFullDelay(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	servers, rdbs := quorumMasters(t, 3)
 	const ttl = 2 * time.Second
-	first := newQuorum(t, deadMasters(t, rdbs, 2), dlock.WithRestartDelay(ttl)) // A and B
-	other := newQuorum(t, deadMasters(t, rdbs, 1), dlock.WithRestartDelay(ttl)) // A and C
+	first := newQuorum(t, downMasters(t, rdbs, 2), dlock.WithRestartDelay(ttl)) // A and B
+	other := newQuorum(t, downMasters(t, rdbs, 1), dlock.WithRestartDelay(ttl)) // A and C
 	sleepToFrac(300 * time.Millisecond)
 	l, err := first.Mutex("restarted", dlock.TTL(ttl), dlock.NoRenew()).Lock(ctx)
 	if err != nil {
@@ -171,7 +193,7 @@ func TestReviewQuorumRestartFromOldSnapshot(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	servers, rdbs := quorumMasters(t, 3)
 	servers[0].Do(t, "save")                       // A's snapshot: the epoch key, no lease
-	first := newQuorum(t, deadMasters(t, rdbs, 2)) // A and B
+	first := newQuorum(t, downMasters(t, rdbs, 2)) // A and B
 	l, err := first.Mutex("snapshot").Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +202,7 @@ func TestReviewQuorumRestartFromOldSnapshot(t *testing.T) {
 	if servers[0].Do(t, "exists", "dlock:epoch") != int64(1) {
 		t.Fatal("A lost its epoch key: the snapshot did not load")
 	}
-	other := newQuorum(t, deadMasters(t, rdbs, 1)) // A and C
+	other := newQuorum(t, downMasters(t, rdbs, 1)) // A and C
 	noSecondGrant(t, ctx, other.Mutex("snapshot"), l, servers, 2*time.Second, true)
 }
 
@@ -197,7 +219,7 @@ func TestReviewQuorumFailoverToLaggingReplica(t *testing.T) {
 	servers, rdbs := quorumMasters(t, 3)
 	replica, link := redistest.StartReplica(t, servers[0], true)
 	link.Hold(faultproxy.Downstream)               // A's writes from now on do not reach A'
-	first := newQuorum(t, deadMasters(t, rdbs, 2)) // A and B
+	first := newQuorum(t, downMasters(t, rdbs, 2)) // A and B
 	l, err := first.Mutex("failover").Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +229,7 @@ func TestReviewQuorumFailoverToLaggingReplica(t *testing.T) {
 	if replica.Do(t, "exists", "dlock:epoch") != int64(1) {
 		t.Fatal("A' has no epoch key: it did not sync before the failover")
 	}
-	view := deadMasters(t, []redis.UniversalClient{replica.Client(t), rdbs[1], rdbs[2]}, 1) // A' and C
+	view := downMasters(t, []redis.UniversalClient{replica.Client(t), rdbs[1], rdbs[2]}, 1) // A' and C
 	other := newQuorum(t, view)
 	noSecondGrant(t, ctx, other.Mutex("failover"), l, append([]*redistest.Server{replica}, servers[1:]...), 2*time.Second, true)
 }
@@ -229,5 +251,91 @@ func TestReviewQuorumFailoverClients(t *testing.T) {
 	_ = c.Close()
 	if _, err := dlock.NewQuorum([]redis.UniversalClient{rdbs[0], rdbs[1], rdbs[0]}); !errors.Is(err, dlock.ErrInvalidArgument) {
 		t.Fatalf("NewQuorum with one failover client twice: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// unanswering returns a client of s through a proxy that drops every
+// command: a master that never answers (until the test ends). Its calls
+// end with their ctx (ContextTimeoutEnabled), so that no helper goroutine
+// waits for go-redis's read timeout when the Client closes.
+func unanswering(t *testing.T, s *redistest.Server) redis.UniversalClient {
+	t.Helper()
+	p, err := faultproxy.Start(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	p.Drop(faultproxy.Upstream)
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// TestReviewQuorumWaiterAfterSplitVote: a Lock counted every "held by
+// another owner" reply toward one majority, whoever the owners were. Two
+// contenders' attempts hold A, B and C, D for a moment (each waits for the
+// masters that do not answer it, then gives back); a waiter that looks
+// then finds four of five masters held, takes that for a holder with a
+// majority, and sleeps for the longest lease it was told of (30 s here)
+// or a release: but the contenders give back without waking anyone (their
+// payload 0 wakes nobody), so it slept 30 s on a free lock.
+func TestReviewQuorumWaiterAfterSplitVote(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 5)
+	const ttl = 30 * time.Second
+	contender := func(mine ...int) {
+		view := make([]redis.UniversalClient, 5)
+		for i, s := range servers {
+			view[i] = unanswering(t, s)
+		}
+		for _, i := range mine {
+			view[i] = rdbs[i]
+		}
+		c := newQuorum(t, view, dlock.WithNodeTimeout(time.Second))
+		go func() {
+			if _, err := c.Mutex("split-vote", dlock.TTL(ttl)).TryLock(ctx); err == nil {
+				t.Error("a contender with two of five masters got the lock")
+			}
+		}()
+	}
+	contender(0, 1)
+	contender(2, 3)
+	waitFor(t, ctx, "the contenders to hold A, B, C and D", func() bool {
+		for _, s := range servers[:4] {
+			if s.Do(t, "hget", "dlock:{split-vote}", "o") == nil {
+				return false
+			}
+		}
+		return true
+	})
+	waiter := newQuorum(t, rdbs)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second) // a third of the contenders' TTL
+	defer cancel()
+	l, err := waiter.Mutex("split-vote", dlock.TTL(ttl)).Lock(wctx)
+	if err != nil {
+		t.Fatalf("Lock of a lock that nobody held for more than a second: %v", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReviewQuorumShortErrCountsEveryVote: an attempt stopped counting once
+// no majority could grant, and put the masters that answered later among
+// those that "did not answer", grants included. Here A and B are new (not
+// voting yet) and C grants, a little late: the error said "0 of 3 masters
+// granted ... 1 did not answer".
+func TestReviewQuorumShortErrCountsEveryVote(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	servers := redistest.Masters(t, 3)
+	certifyOld(t, servers[2])
+	c, _ := faultyMaster(t, servers[2], faults.Rule{Script: "quorum_acquire", Kind: faults.DelayReply, P: 1, Min: 100 * time.Millisecond, Max: 100 * time.Millisecond})
+	q := newQuorum(t, []redis.UniversalClient{servers[0].Client(t), servers[1].Client(t), c}, dlock.WithNodeTimeout(time.Second))
+	_, err := q.Mutex("counted").TryLock(ctx)
+	if err == nil || !strings.Contains(err.Error(), "1 of 3 masters granted") || !strings.Contains(err.Error(), "2 not voting") || !strings.Contains(err.Error(), "0 did not answer") {
+		t.Fatalf("TryLock with A and B not voting and C granting: %v, want 1 granted, 2 not voting, 0 did not answer", err)
+	}
+	if o := servers[2].Do(t, "hget", "dlock:{counted}", "o"); o != nil {
+		t.Fatalf("C still holds the failed attempt's grant (owner %v)", o)
 	}
 }
