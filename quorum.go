@@ -414,13 +414,19 @@ func (q *quorum) dropAll(ctx context.Context, lk *lock, token string) {
 	}, nil))
 }
 
-// dropLater releases token's lock on m in the background.
+// dropLater releases token's lock on m in the background, within
+// min(TTL, 5s), even as the Client closes: Close waits for it (it runs
+// here, on the member's goroutine that Close waits for, once no goroutine
+// of the Client may start).
 func (q *quorum) dropLater(lk *lock, m *member, token string) {
-	lk.c.goBg(func() {
-		ctx, cancel := context.WithTimeout(lk.c.bg, min(lk.ttl, 5*time.Second))
+	drop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), min(lk.ttl, 5*time.Second))
 		defer cancel()
 		_, _ = q.releaseOn(ctx, m, lk, token, "0")
-	})
+	}
+	if !lk.c.goBg(drop) {
+		drop()
+	}
 }
 
 // releaseOn runs release.lua for token on m (without a line), publishing

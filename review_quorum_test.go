@@ -339,3 +339,26 @@ func TestReviewQuorumShortErrCountsEveryVote(t *testing.T) {
 		t.Fatalf("C still holds the failed attempt's grant (owner %v)", o)
 	}
 }
+
+// TestReviewQuorumCloseGivesBackLateGrant: a master that runs an acquire
+// after its per-master timeout gives back its late grant when the reply
+// comes, on a goroutine of the Client; but once Close had begun no
+// goroutine could start (and the give-back's ctx ended with the Client),
+// so the grant stayed on that master until its TTL. Here A runs the
+// TryLock's acquire 400 ms late; B and C grant, Close releases them (and
+// A, which has nothing yet), then A grants, and nothing gave it back.
+func TestReviewQuorumCloseGivesBackLateGrant(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	servers, rdbs := quorumMasters(t, 3)
+	a, _ := faultyMaster(t, servers[0], faults.Rule{Script: "quorum_acquire", Kind: faults.DelayWrite, Calls: []int{1}, Min: 400 * time.Millisecond, Max: 400 * time.Millisecond})
+	q := newQuorum(t, []redis.UniversalClient{a, rdbs[1], rdbs[2]}, dlock.WithNodeTimeout(100*time.Millisecond))
+	if _, err := q.Mutex("closed").TryLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = q.Close() // returns once A's late reply has been dealt with
+	for _, s := range servers {
+		if o := s.Do(t, "hget", "dlock:{closed}", "o"); o != nil {
+			t.Errorf("%s still holds the lock (owner %v, PTTL %v ms) after Close", s.Addr(), o, s.Do(t, "pttl", "dlock:{closed}"))
+		}
+	}
+}
