@@ -292,11 +292,12 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		h.acqDoubt = true // it may yet run, with the lock's TTL
 	}
 	if len(granted) >= q.maj {
-		// Masters that answer later keep their grant until Unlock (by
-		// token), or give it back if they answer after their timeout.
+		// Masters that answer later keep their grant for the lease (see
+		// rest), or give it back if they answer after their timeout.
 		fence, ok := q.raise(ctx, lk, token, granted)
 		if ok && time.Now().Before(validUntil(r.sent, lk.ttl)) {
 			r.ok, r.fence = true, fence
+			q.rest(h, votes, n-got)
 			return r, false, nil
 		}
 		why := "its validity ran out while the masters answered"
@@ -320,6 +321,33 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		return r, false, fmt.Errorf("acquire: no master answered: %w", firstErr)
 	}
 	return r, true, q.shortErr("acquire", len(granted), held, refused, doubt, firstErr)
+}
+
+// rest follows the last k votes of h's granted attempt, in the background.
+// A master that grants after the decision keeps its grant for the lease:
+// renewals and the release go to every master. But a release sent before
+// such a master ran the acquire found nothing there; so a grant whose reply
+// comes once h's release was sent (or h ended otherwise) is given back.
+// One that came before is released by that release, sent after it ran.
+func (q *quorum) rest(h *holding, votes <-chan vote, k int) {
+	if k == 0 {
+		return
+	}
+	lk, token := h.lk, h.token
+	follow := func() {
+		for range k {
+			v := <-votes
+			h.mu.Lock()
+			gone := !h.relSent.IsZero() || h.st.final()
+			h.mu.Unlock()
+			if gone && granting(v.v, v.err) {
+				q.dropLater(lk, q.members[v.i], token)
+			}
+		}
+	}
+	if !lk.c.goBg(follow) {
+		follow() // the Client is closing: each vote comes within the per-master timeout
+	}
 }
 
 // granting reports whether an acquire's reply granted the lock, or might

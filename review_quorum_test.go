@@ -362,3 +362,34 @@ func TestReviewQuorumCloseGivesBackLateGrant(t *testing.T) {
 		}
 	}
 }
+
+// TestReviewQuorumUnlockBeforeSlowGrant: an acquire is decided by the first
+// majority; a master that grants after that, in time, keeps the grant "until
+// Unlock". But an Unlock sent before that master ran the acquire finds
+// nothing there, and the grant that follows stayed until its TTL. Here A
+// runs the TryLock's acquire 100 ms late (within its 300 ms timeout); B and
+// C grant at once, the lease is unlocked at once, and then A holds it.
+func TestReviewQuorumUnlockBeforeSlowGrant(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	servers, rdbs := quorumMasters(t, 3)
+	a, in := faultyMaster(t, servers[0], faults.Rule{Script: "quorum_acquire", Kind: faults.DelayWrite, Calls: []int{1}, Min: 100 * time.Millisecond, Max: 100 * time.Millisecond})
+	q := newQuorum(t, []redis.UniversalClient{a, rdbs[1], rdbs[2]}, dlock.WithNodeTimeout(300*time.Millisecond))
+	l, err := q.Mutex("slow-grant").TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	isAcquire := func(c faults.Call) bool { return c.Script == "quorum_acquire" }
+	waitFor(t, ctx, "A's acquire to be answered", func() bool { return !in.InFlight(isAcquire) })
+	for end := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) { // what follows A's reply
+		o := servers[0].Do(t, "hget", "dlock:{slow-grant}", "o")
+		if o == nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("A holds the lock (owner %v, PTTL %v ms) a second after the lease was unlocked", o, servers[0].Do(t, "pttl", "dlock:{slow-grant}"))
+		}
+	}
+}
