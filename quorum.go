@@ -177,8 +177,19 @@ func (q *quorum) checkLock(kind string, cfg lockConfig) error {
 		return fmt.Errorf("Semaphore in quorum mode: %w", errors.ErrUnsupported)
 	case cfg.fair:
 		return fmt.Errorf("a Fair mutex in quorum mode: %w (there is no one line across masters)", errors.ErrUnsupported)
-	case q.delay > 0 && cfg.ttl > q.delay:
-		return invalidf("TTL %v is above the quorum's restart delay (%v, WithRestartDelay): a restarted master could vote while such a lease is valid", cfg.ttl, q.delay)
+	}
+	return q.checkTTL(wholeMillis(cfg.ttl))
+}
+
+// checkTTL reports a lease length that quorum mode cannot give: one whose
+// lease is never valid (see validUntil and quorumSlack), or one longer
+// than the restart delay.
+func (q *quorum) checkTTL(ttl time.Duration) error {
+	switch {
+	case ttl-ttl/100 <= quorumSlack:
+		return invalidf("TTL %v: a quorum lease is valid for its TTL less 1%% and %v, which leaves nothing", ttl, quorumSlack)
+	case q.delay > 0 && ttl > q.delay:
+		return invalidf("TTL %v is above the quorum's restart delay (%v, WithRestartDelay): a restarted master could vote while such a lease is valid", ttl, q.delay)
 	}
 	return nil
 }

@@ -393,3 +393,34 @@ func TestReviewQuorumUnlockBeforeSlowGrant(t *testing.T) {
 		}
 	}
 }
+
+// TestReviewQuorumTTLTooShortIsRefused: a quorum lease is valid for its TTL
+// less 1% and 2 ms after its first send, so a TTL of 2 ms or less can never
+// be valid. TryLock said the validity "ran out while the masters answered"
+// (as if they had been slow), Lock retried for as long as its ctx lasted,
+// granting and giving back on every master each time, and Extend to such a
+// TTL was accepted (and the lease then lost).
+func TestReviewQuorumTTLTooShortIsRefused(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	_, rdbs := quorumMasters(t, 3)
+	q := newQuorum(t, rdbs)
+	short := q.Mutex("short", dlock.TTL(2*time.Millisecond))
+	if _, err := short.TryLock(ctx); !errors.Is(err, dlock.ErrInvalidArgument) || !strings.Contains(err.Error(), "TTL 2ms") {
+		t.Errorf("TryLock with TTL 2ms: %v, want ErrInvalidArgument naming the TTL", err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if _, err := short.Lock(lctx); !errors.Is(err, dlock.ErrInvalidArgument) {
+		t.Errorf("Lock with TTL 2ms: %v, want ErrInvalidArgument", err)
+	}
+	l, err := q.Mutex("short").TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Extend(ctx, 2*time.Millisecond); !errors.Is(err, dlock.ErrInvalidArgument) {
+		t.Errorf("Extend to 2ms: %v, want ErrInvalidArgument", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock after a refused Extend: %v", err)
+	}
+}
