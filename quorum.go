@@ -445,12 +445,20 @@ func (q *quorum) raise(ctx context.Context, lk *lock, token string, granted map[
 const raiseAll = true
 
 // dropAll releases token's lock on every master without waking waiters
-// (the payload 0 is below every fence a waiter saw: see join). Masters
-// that cannot be reached keep it until its TTL.
+// (the payload 0 is below every fence a waiter saw: see join). It waits for
+// the masters while ctx lasts (each within the per-master timeout); one
+// that has not answered when ctx ends is sent the release again in the
+// background (dropLater), so that a frozen master costs the caller no more
+// than its ctx. Masters that cannot be reached keep it until its TTL.
 func (q *quorum) dropAll(ctx context.Context, lk *lock, token string) {
-	_ = q.all(q.fanOut(context.WithoutCancel(ctx), func(ctx context.Context, m *member) (any, error) {
+	votes := q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
 		return q.releaseOn(ctx, m, lk, token, "0")
 	}, nil))
+	for _, v := range votes {
+		if v.err != nil && ctx.Err() != nil {
+			q.dropLater(lk, q.members[v.i], token)
+		}
+	}
 }
 
 // dropLater releases token's lock on m in the background, within

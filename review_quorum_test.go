@@ -424,3 +424,34 @@ func TestReviewQuorumTTLTooShortIsRefused(t *testing.T) {
 		t.Fatalf("Unlock after a refused Extend: %v", err)
 	}
 }
+
+// TestReviewQuorumFrozenMasterWithinCtx: a frozen server costs a call at
+// most its ctx. A quorum attempt that failed gave back what it took on
+// every master before returning, each give-back bounded by the per-master
+// timeout but not by the caller's ctx: with C frozen and a 5 s per-master
+// timeout, a TryLock with a 300 ms ctx took 5.3 s.
+func TestReviewQuorumFrozenMasterWithinCtx(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	servers, rdbs := quorumMasters(t, 3)
+	holder := newQuorum(t, downMasters(t, rdbs, 2)) // A and B
+	l, err := holder.Mutex("frozen").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := newQuorum(t, rdbs, dlock.WithNodeTimeout(5*time.Second))
+	servers[2].Pause()
+	defer servers[2].Resume()
+	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := q.Mutex("frozen").TryLock(dctx); err == nil {
+		t.Fatal("TryLock of a held lock succeeded")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("TryLock took %v past a 300ms ctx", d)
+	}
+	servers[2].Resume()
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
