@@ -248,7 +248,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		// This master answered after its timeout: give back what it
 		// granted (or may have).
 		if granting(v, err) {
-			q.dropLater(lk, m, token)
+			q.dropLater(lk, m, token, err == nil)
 		}
 	})
 	n := len(q.members)
@@ -340,6 +340,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 // such a master ran the acquire found nothing there; so a grant whose reply
 // comes once h's release was sent (or h ended otherwise) is given back.
 // One that came before is released by that release, sent after it ran.
+// A vote that timed out has its reply handed to acquire's late callback.
 func (q *quorum) rest(h *holding, votes <-chan vote, k int) {
 	if k == 0 {
 		return
@@ -351,8 +352,8 @@ func (q *quorum) rest(h *holding, votes <-chan vote, k int) {
 			h.mu.Lock()
 			gone := !h.relSent.IsZero() || h.st.final()
 			h.mu.Unlock()
-			if gone && granting(v.v, v.err) {
-				q.dropLater(lk, q.members[v.i], token)
+			if gone && v.err == nil && granting(v.v, nil) {
+				q.dropLater(lk, q.members[v.i], token, true)
 			}
 		}
 	}
@@ -456,22 +457,24 @@ func (q *quorum) dropAll(ctx context.Context, lk *lock, token string) {
 	}, nil))
 	for _, v := range votes {
 		if v.err != nil && ctx.Err() != nil {
-			q.dropLater(lk, q.members[v.i], token)
+			q.dropLater(lk, q.members[v.i], token, false)
 		}
 	}
 }
 
 // dropLater releases token's lock on m in the background, within
-// min(TTL, 5s), even as the Client closes: Close waits for it (it runs
-// here, on the member's goroutine that Close waits for, once no goroutine
-// of the Client may start).
-func (q *quorum) dropLater(lk *lock, m *member, token string) {
+// min(TTL, 5s). Once the Client is closing and no goroutine may start, it
+// does so in place (on the member's goroutine, which Close waits for) if
+// granted: m answered that it granted. A master that failed to answer is
+// not waited for then: it is likely unreachable, and Close would wait
+// for its go-redis timeouts.
+func (q *quorum) dropLater(lk *lock, m *member, token string, granted bool) {
 	drop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), min(lk.ttl, 5*time.Second))
 		defer cancel()
 		_, _ = q.releaseOn(ctx, m, lk, token, "0")
 	}
-	if !lk.c.goBg(drop) {
+	if !lk.c.goBg(drop) && granted {
 		drop()
 	}
 }
@@ -515,6 +518,48 @@ func (q *quorum) release(ctx context.Context, h *holding) (any, error) {
 		return int64(wire.ReleaseFreed), nil
 	}
 	return nil, fmt.Errorf("release: %d of %d masters answered: %w", ok+no, len(q.members), firstErr)
+}
+
+// releaseAll releases hs (at Close) in one pipeline per master, all at
+// once: one after another, a master that does not answer would cost each
+// release the per-master timeout, and ctx would end before the last ones
+// were sent, leaving them held on every master until their TTL.
+func (q *quorum) releaseAll(ctx context.Context, hs []*holding) {
+	if len(hs) == 0 {
+		return
+	}
+	_ = q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
+		if err := m.c.pubsubReady(ctx); err != nil {
+			return nil, err
+		}
+		calls := make([]call, len(hs))
+		for i, h := range hs {
+			calls[i] = call{releaseScript, h.lk.keyArr[:1], []any{h.token, h.fenceStr, m.c.idleArg, h.lk.hash, m.c.ps.arg}}
+		}
+		return m.pipe(ctx, calls)
+	}, nil))
+}
+
+// pipe runs calls, all of one script, on m in one pipeline, and again
+// once the script is loaded if m did not have it.
+func (m *member) pipe(ctx context.Context, calls []call) ([]*redis.Cmd, error) {
+	send := func() []*redis.Cmd {
+		p := m.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(calls))
+		for j, k := range calls {
+			cmds[j] = p.EvalSha(ctx, k.s.sha, k.keys, k.args...)
+		}
+		_, _ = p.Exec(ctx)
+		return cmds
+	}
+	cmds := send()
+	if isNoScript(cmds[0].Err()) {
+		if err := m.rdb.ScriptLoad(ctx, calls[0].s.src).Err(); err != nil {
+			return nil, err
+		}
+		cmds = send()
+	}
+	return cmds, nil
 }
 
 // ask runs an extend or pttl call about h on every master and combines
@@ -573,23 +618,7 @@ func (q *quorum) combine(k call, votes []vote) (any, error) {
 // and combines each call's answers as combine does.
 func (q *quorum) extends(ctx context.Context, calls []call) []*redis.Cmd {
 	votes := q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
-		send := func() []*redis.Cmd {
-			p := m.rdb.Pipeline()
-			cmds := make([]*redis.Cmd, len(calls))
-			for j, k := range calls {
-				cmds[j] = p.EvalSha(ctx, k.s.sha, k.keys, k.args...)
-			}
-			_, _ = p.Exec(ctx)
-			return cmds
-		}
-		cmds := send()
-		if isNoScript(cmds[0].Err()) {
-			if err := m.rdb.ScriptLoad(ctx, extendScript.src).Err(); err != nil {
-				return nil, err
-			}
-			cmds = send()
-		}
-		return cmds, nil
+		return m.pipe(ctx, calls)
 	}, nil))
 	out := make([]*redis.Cmd, len(calls))
 	for j, k := range calls {

@@ -455,3 +455,44 @@ func TestReviewQuorumFrozenMasterWithinCtx(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReviewQuorumCloseWithMasterDown: Close released the held leases one
+// after another within its 3 s budget, each release waiting for every
+// master within the per-master timeout: with a master that does not
+// answer, each cost that timeout, the budget ran out, and the rest of the
+// leases stayed locked on every master until their TTL. Here 60 leases,
+// C frozen, a 100 ms per-master timeout: Close left about 30 of them held
+// on A and B. Close now releases them in one pipeline per master.
+func TestReviewQuorumCloseWithMasterDown(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, _ := quorumMasters(t, 3)
+	rdbs := make([]redis.UniversalClient, len(servers))
+	for i, s := range servers {
+		// Calls that end with their ctx: Close does not wait for go-redis's
+		// read timeouts on the frozen master (see aside).
+		rdbs[i] = s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	}
+	q, err := dlock.NewQuorum(rdbs, dlock.WithNodeTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	servers[2].Pause()
+	defer servers[2].Resume()
+	const n = 60
+	for i := range n {
+		if _, err := q.Mutex("down-" + strconv.Itoa(i)).TryLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = q.Close()
+	left := 0
+	for i := range n {
+		if servers[0].Do(t, "hget", "dlock:{down-"+strconv.Itoa(i)+"}", "o") != nil {
+			left++
+		}
+	}
+	if left > 0 {
+		t.Fatalf("%d of %d leases still held on A after Close", left, n)
+	}
+}
