@@ -517,7 +517,7 @@ func (q *quorum) release(ctx context.Context, h *holding) (any, error) {
 	case ok+no >= q.maj || ok > 0 && firstErr == nil:
 		return int64(wire.ReleaseFreed), nil
 	}
-	return nil, fmt.Errorf("release: %d of %d masters answered: %w", ok+no, len(q.members), firstErr)
+	return nil, fmt.Errorf("%d of %d masters answered: %w", ok+no, len(q.members), firstErr)
 }
 
 // releaseAll releases hs (at Close) in one pipeline per master, all at

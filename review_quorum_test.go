@@ -592,3 +592,33 @@ func TestReviewQuorumInterleavings(t *testing.T) {
 	}
 	t.Logf("seed %d: %d leases in %v", seed, grants, dur)
 }
+
+// TestReviewQuorumUnlockErrorSaysReleaseOnce: an Unlock whose release no
+// majority answered said "release: release: 0 of 3 masters answered"
+// (the quorum's message and Unlock's each began with "release").
+func TestReviewQuorumUnlockErrorSaysReleaseOnce(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	servers, _ := quorumMasters(t, 3)
+	rdbs := make([]redis.UniversalClient, len(servers))
+	for i, s := range servers {
+		rdbs[i] = s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	}
+	q := newQuorum(t, rdbs)
+	l, err := q.Mutex("said").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range servers {
+		s.Pause()
+		defer s.Resume()
+	}
+	uctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	err = l.Unlock(uctx)
+	if err == nil || strings.Count(err.Error(), "release") != 1 || !strings.Contains(err.Error(), "0 of 3 masters answered") {
+		t.Fatalf("Unlock with every master frozen: %v, want one 'release' and '0 of 3 masters answered'", err)
+	}
+	for _, s := range servers {
+		s.Resume()
+	}
+}
