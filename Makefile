@@ -37,6 +37,8 @@ test: redis-server cc vet
 chaos: redis-server
 	DLOCK_CHAOS=$${DLOCK_CHAOS:-10s} DLOCK_CHAOS_ROUNDS=$${DLOCK_CHAOS_ROUNDS:-10} \
 		$(GO) test -race -count=1 -timeout 90m -run '^TestInterleavings(ReplicaAck)?$$' .
+	DLOCK_CHAOS=$${DLOCK_CHAOS:-10s} \
+		$(GO) test -race -count=$${DLOCK_CHAOS_ROUNDS:-10} -timeout 60m -run '^TestReviewQuorumInterleavings$$' .
 	DLOCK_FAILOVER_ROUNDS=$${DLOCK_FAILOVER_ROUNDS:-20} \
 		$(GO) test -race -count=1 -timeout 30m -run '^TestFault5(Cluster)?WithReplicaAck$$' .
 

@@ -122,7 +122,7 @@ func TestFault11ClientWallClockJumps(t *testing.T) {
 		for _, s := range servers {
 			addrs = append(addrs, s.Addr())
 		}
-		wallClockJumps(t, servers, 3, newQuorum(t, rdbs), ","+strings.Join(addrs, ","))
+		wallClockJumps(t, servers, 3, patientQuorum(t, rdbs), ","+strings.Join(addrs, ","))
 	})
 }
 

@@ -252,15 +252,19 @@ func (c *Client) close() {
 	live := c.dog.drain()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.bg), 3*time.Second)
 	defer cancel()
+	var quorumLive []*holding
 	for _, h := range live {
 		if !h.closeDown() { // a pending one is released by its record
 			continue
 		}
 		if c.q != nil {
-			_, _ = c.q.release(ctx, h)
+			quorumLive = append(quorumLive, h)
 		} else {
 			_, _ = h.cmd.relScript.do(ctx, c.rdb, h.cmd.release(), false)
 		}
+	}
+	if c.q != nil {
+		c.q.releaseAll(ctx, quorumLive)
 	}
 	c.stop()
 	if c.q != nil {

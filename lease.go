@@ -76,10 +76,12 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, what string) erro
 	if err := validTTL(ttl); err != nil {
 		return nameErr(h.lk.name, err)
 	}
-	if q := h.c.q; q != nil && q.delay > 0 && ttl > q.delay {
-		return nameErr(h.lk.name, invalidf("TTL %v is above the quorum's restart delay (%v, WithRestartDelay)", ttl, q.delay))
-	}
 	ttl = wholeMillis(ttl)
+	if q := h.c.q; q != nil {
+		if err := q.checkTTL(ttl); err != nil {
+			return nameErr(h.lk.name, err)
+		}
+	}
 	v, err := l.ask(ctx, ttl, h.lk.proto.extend(h, formatMillis(ttl)), what)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/dlock-go/dlock/internal/redisproc"
@@ -55,7 +56,12 @@ func exampleMasters(n int) ([]*redisproc.Server, error) {
 		}
 		out = append(out, p)
 		rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true})
-		err = rdb.Set(context.Background(), "dlock:epoch", 0, 0).Err()
+		var info string
+		if info, err = rdb.Info(context.Background(), "server").Result(); err == nil {
+			_, run, _ := strings.Cut(info, "run_id:")
+			run, _, _ = strings.Cut(run, "\r\n")
+			err = rdb.Set(context.Background(), "dlock:epoch", "0 "+run, 0).Err() // see redistest.SetOldEpoch
+		}
 		_ = rdb.Close()
 		if err != nil {
 			return out, err

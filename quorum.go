@@ -1,16 +1,11 @@
 package dlock
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/wire"
@@ -34,10 +29,6 @@ type member struct {
 	c    *Client
 	rdb  *redis.Client
 	addr string
-	// certified: the epoch key is believed set (quorum_acquire.lua answers
-	// {2, -1} when it is not, after which it is set again from INFO).
-	certified atomic.Bool
-	certMu    sync.Mutex // one certification at a time
 }
 
 var (
@@ -81,12 +72,14 @@ const quorumSlack = 2 * time.Millisecond
 //
 // What quorum mode assumes (the conditions of the Redlock argument): the
 // clocks of the masters and of this process run at nearly the same rate
-// (within 1%) and no master's clock jumps; and a master that lost its data
-// (a restart without persistence) does not vote until every lease it may
-// have granted has expired. dlock enforces the last itself: a master's
-// data carries an epoch key, set from its uptime, and a master without it,
-// or whose data is younger than WithRestartDelay, refuses to vote for the
-// rest of the delay. Every Client of a quorum must use the same restart
+// (within 1%) and no master's clock jumps; and a master whose data may lack
+// a lease it granted (after a restart, whatever its persistence, or a
+// failover to a replica) does not vote until every lease it may have
+// granted has expired. dlock enforces the last itself: a master's data
+// carry an epoch key naming the process that holds them and since when,
+// and a master whose key is missing or names another process, or whose
+// process has held its data for less than WithRestartDelay, refuses to
+// vote for the rest of the delay. Every Client of a quorum must use the same restart
 // delay, and no lease may be longer (a TTL or Extend above it is refused).
 func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
 	cfg := defaultClientConfig()
@@ -115,6 +108,9 @@ func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
 			return nil, invalidf("NewQuorum: master %d is a %T: each must be a *redis.Client of one master (or a failover client)", i, r)
 		}
 		addr := rc.Options().Addr
+		if addr == failoverAddr {
+			addr = fmt.Sprintf("the failover client %p", rc) // its master is the sentinels' to say
+		}
 		if j, dup := seen[addr]; dup {
 			return nil, invalidf("NewQuorum: masters %d and %d are both %s: the masters must be independent", j, i, addr)
 		}
@@ -131,6 +127,9 @@ func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
+// failoverAddr is the address go-redis gives every failover client.
+const failoverAddr = "FailoverClient"
+
 // WithNodeTimeout bounds each request to one master in quorum mode
 // (NewQuorum): a master that has not answered by then counts as not
 // granting (its outcome unknown: what it may have granted is given back).
@@ -145,12 +144,14 @@ func WithNodeTimeout(d time.Duration) Option {
 	}
 }
 
-// WithRestartDelay is how long a quorum master whose data began recently
-// (it restarted without persistence, or is new) refuses to vote: at least
+// WithRestartDelay is how long a quorum master whose process got its data
+// recently refuses to vote: after a restart (with or without persistence:
+// a snapshot or an AOF without appendfsync always lacks the last writes), a
+// failover to a replica (which may lag), or when new. It must be at least
 // the longest TTL of any Client of the quorum, which must all use the same
 // delay. Leases longer than it are refused. 0 turns the check off, which is
-// safe only with appendfsync always on every master. Default
-// DefaultRestartDelay.
+// safe only with appendfsync always on every master and no failovers.
+// Default DefaultRestartDelay.
 func WithRestartDelay(d time.Duration) Option {
 	return func(c *clientConfig) {
 		c.quorum.delay, c.quorum.set = d, "WithRestartDelay"
@@ -176,8 +177,19 @@ func (q *quorum) checkLock(kind string, cfg lockConfig) error {
 		return fmt.Errorf("Semaphore in quorum mode: %w", errors.ErrUnsupported)
 	case cfg.fair:
 		return fmt.Errorf("a Fair mutex in quorum mode: %w (there is no one line across masters)", errors.ErrUnsupported)
-	case q.delay > 0 && cfg.ttl > q.delay:
-		return invalidf("TTL %v is above the quorum's restart delay (%v, WithRestartDelay): a restarted master could vote while such a lease is valid", cfg.ttl, q.delay)
+	}
+	return q.checkTTL(wholeMillis(cfg.ttl))
+}
+
+// checkTTL reports a lease length that quorum mode cannot give: one whose
+// lease is never valid (see validUntil and quorumSlack), or one longer
+// than the restart delay.
+func (q *quorum) checkTTL(ttl time.Duration) error {
+	switch {
+	case ttl-ttl/100 <= quorumSlack:
+		return invalidf("TTL %v: a quorum lease is valid for its TTL less 1%% and %v, which leaves nothing", ttl, quorumSlack)
+	case q.delay > 0 && ttl > q.delay:
+		return invalidf("TTL %v is above the quorum's restart delay (%v, WithRestartDelay): a restarted master could vote while such a lease is valid", ttl, q.delay)
 	}
 	return nil
 }
@@ -220,43 +232,46 @@ func (q *quorum) all(votes <-chan vote) []vote {
 }
 
 // acquire asks every master for h's lock. It returns as soon as a majority
-// granted (then the fence is raised on them, see raise), or once no
-// majority can grant; what a failed attempt took is given back. r.left is
-// set when other holders answered: every lease of theirs has ended by then.
-// split: no majority holds it for others (contenders split the votes, or
-// masters are down), so a retry soon may win without a release to wake it.
+// granted (then the fence is raised on them, see raise), or once every
+// master answered (or timed out) without one; what a failed attempt took is
+// given back. r.left is set when other holders answered: every lease of
+// theirs has ended by then. split: no one holder has a majority (contenders
+// split the votes, or masters are down), so a retry soon may win without a
+// release to wake it.
 func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, err error) {
-	lk := h.lk
+	lk, token := h.lk, h.token
 	r.sent = h.c.sendTime()
 	delay := formatMillis(q.delay)
 	votes := q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
-		if !m.certified.Load() {
-			if err := q.certify(ctx, m); err != nil {
-				return nil, err
-			}
-		}
-		return quorumAcquireScript.run(ctx, m.c.rdb, []string{lk.hash, q.epoch}, h.token, lk.ttlArg, delay)
+		return quorumAcquireScript.run(ctx, m.c.rdb, []string{lk.hash, q.epoch}, token, lk.ttlArg, delay)
 	}, func(m *member, v any, err error) {
 		// This master answered after its timeout: give back what it
 		// granted (or may have).
 		if granting(v, err) {
-			q.dropLater(lk, m, h.token)
+			q.dropLater(lk, m, token, err == nil)
 		}
 	})
 	n := len(q.members)
 	granted := make(map[int]uint64, n)
 	var doubt, held, refused int // refused: no vote (restarting) or a bad reply
+	// heldBy counts the held replies by the holder's fence: a holder with
+	// a majority has raised its fence on one (see raise), while contenders
+	// in the middle of their attempts hold the masters with fences of each
+	// master's own. Only a holder with a majority releases, and wakes
+	// waiters; contenders give back without a wake-up.
+	heldBy := map[int64]int{}
+	var top int
 	var firstErr error
 	var left time.Duration
 	got := 0
-	for ; got < n && len(granted) < q.maj && n-held-refused-doubt >= q.maj; got++ {
+	for ; got < n && len(granted) < q.maj; got++ {
 		v := <-votes
 		a, _ := v.v.([]any)
 		switch {
 		case v.err != nil:
 			if isForeign(v.err) {
 				q.drain(votes, n-got-1)
-				q.give(ctx, h)
+				q.dropAll(ctx, lk, token)
 				return r, false, lk.kindErr(v.err)
 			}
 			firstErr = cmp(firstErr, v.err)
@@ -268,9 +283,6 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 			f, _ := a[1].(int64)
 			granted[v.i] = uint64(f)
 		case a[0] == int64(2):
-			if ms, _ := a[1].(int64); ms < 0 {
-				q.members[v.i].certified.Store(false)
-			}
 			refused++
 		default:
 			ms, _ := a[1].(int64)
@@ -279,17 +291,24 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 			}
 			left = max(left, time.Duration(ms)*time.Millisecond)
 			held++
+			var f int64
+			if len(a) > 2 {
+				f, _ = a[2].(int64)
+			}
+			heldBy[f]++
+			top = max(top, heldBy[f])
 		}
 	}
 	if doubt > 0 {
 		h.acqDoubt = true // it may yet run, with the lock's TTL
 	}
 	if len(granted) >= q.maj {
-		// Masters that answer later keep their grant until Unlock (by
-		// token), or give it back if they answer after their timeout.
-		fence, ok := q.raise(ctx, h, granted)
+		// Masters that answer later keep their grant for the lease (see
+		// rest), or give it back if they answer after their timeout.
+		fence, ok := q.raise(ctx, lk, token, granted)
 		if ok && time.Now().Before(validUntil(r.sent, lk.ttl)) {
 			r.ok, r.fence = true, fence
+			q.rest(h, votes, n-got)
 			return r, false, nil
 		}
 		why := "its validity ran out while the masters answered"
@@ -297,23 +316,50 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 			why = "its fence could not be raised on a majority"
 		}
 		q.drain(votes, n-got)
-		q.give(ctx, h)
+		q.dropAll(ctx, lk, token)
 		return r, true, fmt.Errorf("acquire: %d of %d masters granted, but %s", len(granted), n, why)
 	}
-	// No majority: wait for the rest (bounded by the per-master timeout),
-	// so that everything it granted is given back.
-	doubt += q.drain(votes, n-got)
+	// No majority, and every vote is in (each bounded by the per-master
+	// timeout): everything it granted is given back.
 	if len(granted)+doubt > 0 {
-		q.give(ctx, h)
+		q.dropAll(ctx, lk, token)
 	}
 	if held > 0 {
 		r.left = left
-		return r, held < q.maj, nil
+		return r, top < q.maj, nil
 	}
 	if doubt == n {
 		return r, false, fmt.Errorf("acquire: no master answered: %w", firstErr)
 	}
 	return r, true, q.shortErr("acquire", len(granted), held, refused, doubt, firstErr)
+}
+
+// rest follows the last k votes of h's granted attempt, in the background.
+// A master that grants after the decision keeps its grant for the lease:
+// renewals and the release go to every master. But a release sent before
+// such a master ran the acquire found nothing there; so a grant whose reply
+// comes once h's release was sent (or h ended otherwise) is given back.
+// One that came before is released by that release, sent after it ran.
+// A vote that timed out has its reply handed to acquire's late callback.
+func (q *quorum) rest(h *holding, votes <-chan vote, k int) {
+	if k == 0 {
+		return
+	}
+	lk, token := h.lk, h.token
+	follow := func() {
+		for range k {
+			v := <-votes
+			h.mu.Lock()
+			gone := !h.relSent.IsZero() || h.st.final()
+			h.mu.Unlock()
+			if gone && v.err == nil && granting(v.v, nil) {
+				q.dropLater(lk, q.members[v.i], token, true)
+			}
+		}
+	}
+	if !lk.c.goBg(follow) {
+		follow() // the Client is closing: each vote comes within the per-master timeout
+	}
 }
 
 // granting reports whether an acquire's reply granted the lock, or might
@@ -337,7 +383,7 @@ func (q *quorum) drain(votes <-chan vote, k int) int {
 // shortErr says why a request had no majority: masters that granted, held
 // by others, refused (restarting) and did not answer.
 func (q *quorum) shortErr(what string, ok, held, refused, unknown int, err error) error {
-	msg := fmt.Sprintf("%s: %d of %d masters granted, %d needed (%d held by others, %d not voting after a restart, %d did not answer)",
+	msg := fmt.Sprintf("%s: %d of %d masters granted, %d needed (%d held by others, %d not voting yet after a restart, a failover or as new, %d did not answer)",
 		what, ok, len(q.members), q.maj, held, refused, unknown)
 	if err != nil {
 		return fmt.Errorf("%s: %w", msg, err)
@@ -352,10 +398,10 @@ func cmp(first, err error) error {
 	return err
 }
 
-// raise makes h's fence the largest that the granting masters handed out
+// raise makes the grant's fence the largest that the granting masters handed out
 // and raises the counter to it on each of them that handed out less. It
 // reports whether a majority now has it.
-func (q *quorum) raise(ctx context.Context, h *holding, granted map[int]uint64) (uint64, bool) {
+func (q *quorum) raise(ctx context.Context, lk *lock, token string, granted map[int]uint64) (uint64, bool) {
 	var fence uint64
 	for _, f := range granted {
 		fence = max(fence, f)
@@ -382,7 +428,7 @@ func (q *quorum) raise(ctx context.Context, h *holding, granted map[int]uint64) 
 			nctx, cancel := context.WithTimeout(ctx, q.node)
 			defer cancel()
 			v, err := m.c.aside(nctx, func(ctx context.Context) (any, error) {
-				return quorumFenceScript.run(ctx, m.c.rdb, []string{h.lk.hash}, h.token, fs)
+				return quorumFenceScript.run(ctx, m.c.rdb, []string{lk.hash}, token, fs)
 			}, nil)
 			done <- err == nil && v == int64(1)
 		}()
@@ -399,28 +445,38 @@ func (q *quorum) raise(ctx context.Context, h *holding, granted map[int]uint64) 
 // a majority has it, which the proof needs).
 const raiseAll = true
 
-// give gives back what h's failed attempt took, on every master (by
-// token: a master that did not grant is not touched).
-func (q *quorum) give(ctx context.Context, h *holding) {
-	q.dropAll(ctx, h.lk, h.token)
-}
-
 // dropAll releases token's lock on every master without waking waiters
-// (the payload 0 is below every fence a waiter saw: see join). Masters
-// that cannot be reached keep it until its TTL.
+// (the payload 0 is below every fence a waiter saw: see join). It waits for
+// the masters while ctx lasts (each within the per-master timeout); one
+// that has not answered when ctx ends is sent the release again in the
+// background (dropLater), so that a frozen master costs the caller no more
+// than its ctx. Masters that cannot be reached keep it until its TTL.
 func (q *quorum) dropAll(ctx context.Context, lk *lock, token string) {
-	_ = q.all(q.fanOut(context.WithoutCancel(ctx), func(ctx context.Context, m *member) (any, error) {
+	votes := q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
 		return q.releaseOn(ctx, m, lk, token, "0")
 	}, nil))
+	for _, v := range votes {
+		if v.err != nil && ctx.Err() != nil {
+			q.dropLater(lk, q.members[v.i], token, false)
+		}
+	}
 }
 
-// dropLater releases token's lock on m in the background.
-func (q *quorum) dropLater(lk *lock, m *member, token string) {
-	lk.c.goBg(func() {
-		ctx, cancel := context.WithTimeout(lk.c.bg, min(lk.ttl, 5*time.Second))
+// dropLater releases token's lock on m in the background, within
+// min(TTL, 5s). Once the Client is closing and no goroutine may start, it
+// does so in place (on the member's goroutine, which Close waits for) if
+// granted: m answered that it granted. A master that failed to answer is
+// not waited for then: it is likely unreachable, and Close would wait
+// for its go-redis timeouts.
+func (q *quorum) dropLater(lk *lock, m *member, token string, granted bool) {
+	drop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), min(lk.ttl, 5*time.Second))
 		defer cancel()
 		_, _ = q.releaseOn(ctx, m, lk, token, "0")
-	})
+	}
+	if !lk.c.goBg(drop) && granted {
+		drop()
+	}
 }
 
 // releaseOn runs release.lua for token on m (without a line), publishing
@@ -461,7 +517,49 @@ func (q *quorum) release(ctx context.Context, h *holding) (any, error) {
 	case ok+no >= q.maj || ok > 0 && firstErr == nil:
 		return int64(wire.ReleaseFreed), nil
 	}
-	return nil, fmt.Errorf("release: %d of %d masters answered: %w", ok+no, len(q.members), firstErr)
+	return nil, fmt.Errorf("%d of %d masters answered: %w", ok+no, len(q.members), firstErr)
+}
+
+// releaseAll releases hs (at Close) in one pipeline per master, all at
+// once: one after another, a master that does not answer would cost each
+// release the per-master timeout, and ctx would end before the last ones
+// were sent, leaving them held on every master until their TTL.
+func (q *quorum) releaseAll(ctx context.Context, hs []*holding) {
+	if len(hs) == 0 {
+		return
+	}
+	_ = q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
+		if err := m.c.pubsubReady(ctx); err != nil {
+			return nil, err
+		}
+		calls := make([]call, len(hs))
+		for i, h := range hs {
+			calls[i] = call{releaseScript, h.lk.keyArr[:1], []any{h.token, h.fenceStr, m.c.idleArg, h.lk.hash, m.c.ps.arg}}
+		}
+		return m.pipe(ctx, calls)
+	}, nil))
+}
+
+// pipe runs calls, all of one script, on m in one pipeline, and again
+// once the script is loaded if m did not have it.
+func (m *member) pipe(ctx context.Context, calls []call) ([]*redis.Cmd, error) {
+	send := func() []*redis.Cmd {
+		p := m.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(calls))
+		for j, k := range calls {
+			cmds[j] = p.EvalSha(ctx, k.s.sha, k.keys, k.args...)
+		}
+		_, _ = p.Exec(ctx)
+		return cmds
+	}
+	cmds := send()
+	if isNoScript(cmds[0].Err()) {
+		if err := m.rdb.ScriptLoad(ctx, calls[0].s.src).Err(); err != nil {
+			return nil, err
+		}
+		cmds = send()
+	}
+	return cmds, nil
 }
 
 // ask runs an extend or pttl call about h on every master and combines
@@ -520,23 +618,7 @@ func (q *quorum) combine(k call, votes []vote) (any, error) {
 // and combines each call's answers as combine does.
 func (q *quorum) extends(ctx context.Context, calls []call) []*redis.Cmd {
 	votes := q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
-		send := func() []*redis.Cmd {
-			p := m.rdb.Pipeline()
-			cmds := make([]*redis.Cmd, len(calls))
-			for j, k := range calls {
-				cmds[j] = p.EvalSha(ctx, k.s.sha, k.keys, k.args...)
-			}
-			_, _ = p.Exec(ctx)
-			return cmds
-		}
-		cmds := send()
-		if isNoScript(cmds[0].Err()) {
-			if err := m.rdb.ScriptLoad(ctx, extendScript.src).Err(); err != nil {
-				return nil, err
-			}
-			cmds = send()
-		}
-		return cmds, nil
+		return m.pipe(ctx, calls)
 	}, nil))
 	out := make([]*redis.Cmd, len(calls))
 	for j, k := range calls {
@@ -558,59 +640,6 @@ func (q *quorum) extends(ctx context.Context, calls []call) []*redis.Cmd {
 	}
 	return out
 }
-
-// certify sets m's epoch key, if it has none, to when its data began: now
-// less its uptime (INFO), read and written on one connection, so that a
-// restart between the two cannot lend a new master the old one's age.
-func (q *quorum) certify(ctx context.Context, m *member) error {
-	m.certMu.Lock()
-	defer m.certMu.Unlock()
-	if m.certified.Load() {
-		return nil
-	}
-	conn := m.rdb.Conn()
-	defer conn.Close()
-	info, err := conn.Info(ctx, "server").Result()
-	if err != nil {
-		return fmt.Errorf("reading the master's uptime: %w", err)
-	}
-	var up, usec int64
-	var hasUp, hasUsec bool
-	sc := bufio.NewScanner(strings.NewReader(info))
-	for sc.Scan() {
-		k, v, _ := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		n, err := strconv.ParseInt(v, 10, 64)
-		switch {
-		case err != nil:
-		case k == "uptime_in_seconds":
-			up, hasUp = n, true
-		case k == "server_time_usec":
-			usec, hasUsec = n, true
-		}
-	}
-	if !hasUp || !hasUsec {
-		return errors.New("INFO server has no uptime_in_seconds or server_time_usec (Redis 7 or later is needed)")
-	}
-	// Uptime is whole seconds, rounded down: the start computed is no
-	// earlier than the real one. It is the server's clock now less its
-	// clock at start, negative once that clock has gone back past the
-	// start (TestFault10QuorumClockJumpsBackward): the start is then ahead
-	// of the clock, and an epoch set from it keeps the master from voting
-	// until its clock has passed it by the restart delay.
-	start := usec/1000 - up*1000
-	cmd := redis.NewStatusCmd(ctx, "set", q.epoch, start, "nx")
-	_ = conn.Process(ctx, onceStatus{cmd})
-	if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("setting the master's epoch: %w", err)
-	}
-	m.certified.Store(true)
-	return nil
-}
-
-// onceStatus is onceCmd for a status reply.
-type onceStatus struct{ *redis.StatusCmd }
-
-func (onceStatus) NoRetry() bool { return true }
 
 // join registers h's Lock as a quorum waiter: woken by a release published
 // on any master. ready holds each master's subscription confirmation.
@@ -688,7 +717,7 @@ func (q *quorum) lock(ctx context.Context, lk *lock) (*Lease, error) {
 	}
 	bound.Stop()
 	if ctx.Err() == nil && !c.closed.Load() {
-		r, split, err = q.acquire(ctx, h)
+		r, split, err = q.retry(ctx, h)
 	}
 	backoff := q.node
 	timer := time.NewTimer(time.Hour)
@@ -719,8 +748,17 @@ func (q *quorum) lock(ctx context.Context, lk *lock) (*Lease, error) {
 		case <-c.bg.Done():
 			return nil, nameErr(lk.name, ErrClosed)
 		}
-		r, split, err = q.acquire(ctx, h)
+		r, split, err = q.retry(ctx, h)
 	}
+}
+
+// retry is a Lock's next attempt, under a token of its own: what gives
+// back an earlier attempt by token may still be on its way (a late reply's
+// give-back, a release that runs late), and must not release this one's
+// grant.
+func (q *quorum) retry(ctx context.Context, h *holding) (look, bool, error) {
+	h.token = h.c.tokens.next()
+	return q.acquire(ctx, h)
 }
 
 // quorumProto is a mutex in quorum mode: requests go through the quorum

@@ -156,9 +156,10 @@ func masterErrText(err error) string {
 // is younger than the restart delay refuses to (dlock.WithRestartDelay).
 type masterVote struct {
 	Votes bool `json:"votes"`
-	// EpochMillis is the master's epoch key (PREFIX + "epoch"): when its
-	// data began, server ms. Absent while the master has none: the first
-	// client to use it sets it from the master's uptime.
+	// EpochMillis is the start in the master's epoch key (PREFIX +
+	// "epoch"): since when, server ms, its process has held its data.
+	// Absent while the key is missing (the next lock call sets it from
+	// the uptime) or names another process (it dates them from then).
 	EpochMillis *int64 `json:"epoch_ms,omitempty"`
 	// DataAgeMillis is how old the master's data is: since its epoch, or,
 	// without an epoch key, its uptime (what a client will set it from).
@@ -183,22 +184,26 @@ func readVote(ctx context.Context, rdb redis.Cmdable, epochKey string, delay tim
 		}
 	}
 	now := clock.Val().UnixMilli()
-	switch e, perr := strconv.ParseInt(epoch.Val(), 10, 64); {
+	run, _ := infoField(info.Val(), "run_id")
+	start, erun, parsed := parseEpoch(epoch.Val())
+	switch {
 	case errors.Is(epoch.Err(), redis.Nil):
+		// The next lock call dates the data from the process's start,
+		// a second late (uptime is counted in whole seconds).
 		up, ok := infoInt(info.Val(), "uptime_in_seconds")
 		if !ok {
 			return v, errors.New("INFO server has no uptime_in_seconds (Redis 7 or later is needed)")
 		}
-		v.DataAgeMillis = up * 1000
+		v.DataAgeMillis = max(0, up*1000-1000)
 	case epoch.Err() != nil:
 		return v, fmt.Errorf("reading the epoch key %q: %w", epochKey, epoch.Err())
-	case perr != nil:
-		// quorum_acquire.lua finds no epoch in it and the client cannot
-		// set one (SET NX): the master never votes.
-		return v, fmt.Errorf("the epoch key %q holds %q, not a time in ms: the master never votes until it is deleted", epochKey, epoch.Val())
+	case !parsed || erun != run:
+		// Another process's data (a restart from a snapshot or AOF, a
+		// failover): the next lock call dates them from then.
+		v.DataAgeMillis = 0
 	default:
-		v.EpochMillis = &e
-		v.DataAgeMillis = now - e
+		v.EpochMillis = &start
+		v.DataAgeMillis = now - start
 	}
 	v.Votes = v.DataAgeMillis >= delay.Milliseconds()
 	if !v.Votes {
@@ -209,13 +214,28 @@ func readVote(ctx context.Context, rdb redis.Cmdable, epochKey string, delay tim
 
 // infoInt returns the integer field name of an INFO reply.
 func infoInt(info, name string) (int64, bool) {
+	v, ok := infoField(info, name)
+	n, err := strconv.ParseInt(v, 10, 64)
+	return n, ok && err == nil
+}
+
+// infoField returns the field name of an INFO reply.
+func infoField(info, name string) (string, bool) {
 	for _, line := range strings.Split(info, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			return n, err == nil
+			return v, true
 		}
 	}
-	return 0, false
+	return "", false
+}
+
+// parseEpoch reads a master's epoch key, "START RUN_ID" (see
+// quorum_acquire.lua): since when, in server ms, the process RUN_ID has
+// held the master's data.
+func parseEpoch(e string) (start int64, run string, ok bool) {
+	s, run, found := strings.Cut(e, " ")
+	start, err := strconv.ParseInt(s, 10, 64)
+	return start, run, found && err == nil && run != ""
 }
 
 // voteText says whether a master votes, for a table cell.

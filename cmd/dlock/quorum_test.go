@@ -18,7 +18,7 @@ func quorumMasters(t *testing.T, n int) ([]*redistest.Server, []string) {
 	servers := redistest.Masters(t, n)
 	urls := make([]string, n)
 	for i, s := range servers {
-		s.Do(t, "set", "dlock:epoch", "0")
+		s.SetOldEpoch(t, "dlock:epoch")
 		urls[i] = "redis://" + s.Addr()
 	}
 	return servers, urls

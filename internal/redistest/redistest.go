@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -351,4 +352,19 @@ func copyFile(src, dst string, perm fs.FileMode) error {
 		return err
 	}
 	return out.Close()
+}
+
+// SetOldEpoch sets s's quorum epoch key (dlock's "PREFIX epoch") to say
+// that the process running s now has held its data since the epoch of the
+// clock: a test that knows s is new lets it vote at once, instead of after
+// the restart delay (see dlock.NewQuorum).
+func (s *Server) SetOldEpoch(t testing.TB, key string) {
+	t.Helper()
+	info, _ := s.Do(t, "info", "server").(string)
+	_, run, _ := strings.Cut(info, "run_id:")
+	run, _, _ = strings.Cut(run, "\r\n")
+	if run == "" {
+		t.Fatalf("%s: no run_id in INFO server", s.Addr())
+	}
+	s.Do(t, "set", key, "0 "+run)
 }
