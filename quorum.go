@@ -668,12 +668,19 @@ func (q *quorum) lock(ctx context.Context, lk *lock) (*Lease, error) {
 	}
 	lc, w, ready := q.join(lk, h)
 	defer q.leave(lc, w)
+	// Wait for the subscriptions, at most subscribeWait in all: a master
+	// that is down never confirms one, and its releases are not needed.
 	bound := time.NewTimer(subscribeWait)
+subscribing:
 	for _, ch := range ready {
 		select {
 		case <-ch:
 		case <-bound.C:
+			break subscribing
 		case <-ctx.Done():
+			break subscribing
+		case <-c.bg.Done():
+			break subscribing
 		}
 	}
 	bound.Stop()
