@@ -7,6 +7,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -171,4 +172,182 @@ func TestFault12QuorumMastersDown(t *testing.T) {
 			freeOnAll(t, servers, name, "after a Lock with 3 of 5 down")
 		})
 	}
+}
+
+// Fault 3: the acquire's replies from a majority come late.
+//
+// Counted but past the lease's validity (the node timeout above the TTL):
+// reported as an error, never as obtained. The lock's counter is set ahead
+// of the masters' clocks and alike on all of them (as a grant raised on
+// every master leaves it, when the clock behind it is ahead of theirs), so
+// that every master hands out the same fence and nothing is raised: the
+// validity check alone must refuse. (Otherwise the raise would, finding the
+// lock expired: a reply later than the validity finds it expired at its
+// master, or about to.)
+//
+// Past the node timeout (below the TTL): not obtained either; the masters
+// whose replies came give it back at once, and those whose replies were late
+// as their replies come (a new connection to them, for the give-back, waits
+// as long for its handshake), long before the TTL.
+func TestFault3QuorumRepliesPastValidity(t *testing.T) {
+	servers, proxies, rdbs := proxiedQuorum(t, 5)
+	ctx := ctxT(t, 30*time.Second)
+	const name, delay = "q3", 450 * time.Millisecond
+	for _, tc := range []struct {
+		what      string
+		node, ttl time.Duration
+	}{
+		{"counted past the TTL", time.Second, 300 * time.Millisecond},
+		{"past the node timeout", 100 * time.Millisecond, 5 * time.Second},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			c := newQuorum(t, rdbs, dlock.WithNodeTimeout(tc.node))
+			m := c.Mutex(name, dlock.TTL(tc.ttl))
+			// Connections open, scripts loaded, masters certified: the
+			// late round trip is the acquire's alone.
+			l, err := m.TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			ahead := l.Fence() + 1_000_000_000_000 // µs: some 11 days
+			for _, s := range servers {
+				s.Do(t, "hset", wire.HashKey(wire.DefaultPrefix, name), "f", ahead)
+			}
+			for _, p := range proxies[2:] {
+				p.SetLatency(faultproxy.Downstream, delay)
+			}
+			l, err = m.TryLock(ctx)
+			if err == nil {
+				t.Fatalf("TryLock obtained the lock with a majority's replies %v late, TTL %v (fence %d)", delay, tc.ttl, l.Fence())
+			}
+			t.Logf("TryLock: %v", err)
+			freeOnAll(t, servers[:2], name, "on the masters whose replies came, when TryLock returned")
+			lctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+			l, err = m.Lock(lctx)
+			cancel()
+			if err == nil {
+				t.Fatalf("Lock obtained the lock with a majority's replies %v late, TTL %v (fence %d)", delay, tc.ttl, l.Fence())
+			}
+			// Not ordering: time for the late replies to arrive (and be
+			// given back).
+			time.Sleep(delay + 200*time.Millisecond)
+			freeOnAll(t, servers, name, "once the late replies came")
+			for _, p := range proxies {
+				p.SetLatency(faultproxy.Downstream, 0)
+			}
+			l, err = m.TryLock(ctx)
+			if err != nil {
+				t.Fatalf("TryLock once the replies are on time: %v", err)
+			}
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// Fault 4: the acquire runs on the masters but replies are lost. It is
+// never reported as obtained unless a majority's grants arrived, and the
+// lock is free again on every master within its TTL. Where a master can be
+// reached again (its connections were reset, then work), what it granted is
+// given back at once, though the caller never saw its grant; where its
+// replies stay lost it cannot be told (a new connection's handshake needs a
+// reply) and the lock expires there.
+func TestFault4QuorumReplyLost(t *testing.T) {
+	servers, proxies, rdbs := proxiedQuorum(t, 5)
+	ctx := ctxT(t, 30*time.Second)
+	const name = "q4"
+	fast := newQuorum(t, rdbs, dlock.WithNodeTimeout(100*time.Millisecond))
+	slow := newQuorum(t, rdbs, dlock.WithNodeTimeout(2*time.Second))
+	lost := func(c *dlock.Client, ttl time.Duration, what string) {
+		t.Helper()
+		l, err := c.Mutex(name, dlock.TTL(ttl)).TryLock(ctx)
+		if err == nil {
+			t.Fatalf("TryLock reported success with %s (fence %d, held on %v)", what, l.Fence(), heldOn(t, servers, name, l.Token()))
+		}
+		t.Logf("%s: %v", what, err)
+	}
+	warm := func(c *dlock.Client) { // connections open, scripts loaded
+		t.Helper()
+		l, err := c.Mutex(name).TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Replies dropped for good.
+	const short = time.Second
+	for _, n := range []int{3, 5} {
+		warm(fast)
+		for _, p := range proxies[:n] {
+			p.Drop(faultproxy.Downstream)
+		}
+		sent := time.Now()
+		lost(fast, short, fmt.Sprintf("the replies of %d masters dropped", n))
+		t.Logf("owners when TryLock returned: %q", ownersOf(t, servers, name))
+		freeOnAll(t, servers[n:], name, "on the masters whose replies came")
+		// Not ordering: past the TTL, by which every master is free.
+		time.Sleep(time.Until(sent.Add(short + 100*time.Millisecond)))
+		freeOnAll(t, servers, name, "a TTL after a TryLock whose replies were dropped")
+		for _, p := range proxies {
+			p.Undrop(faultproxy.Downstream)
+		}
+	}
+
+	// The connections to three masters reset after the acquire ran there,
+	// before its replies came. go-redis sends it again on a new connection
+	// (by itself: it resends after a reset), and the masters recognise the
+	// token: a majority truly confirmed the grant.
+	warm(slow)
+	for _, p := range proxies[:3] {
+		p.Hold(faultproxy.Downstream)
+	}
+	got := async(t, ctx, slow.Mutex(name, dlock.TTL(10*time.Second)).TryLock)
+	waitFor(t, ctx, "the acquire to run on every master", func() bool {
+		os := ownersOf(t, servers, name)
+		return os[0] != "" && os[0] == os[1] && os[1] == os[2] && os[2] == os[3] && os[3] == os[4]
+	})
+	for _, p := range proxies[:3] {
+		p.ResetAll()
+		p.Release(faultproxy.Downstream)
+	}
+	l, err := got()
+	if err != nil {
+		t.Fatalf("TryLock whose first replies were reset, sent again: %v", err)
+	}
+	if on := heldOn(t, servers, name, l.Token()); len(on) != 5 {
+		t.Fatalf("held on masters %v, want all 5", on)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	freeOnAll(t, servers, name, "after Unlock")
+
+	// Replies lost from a minority: obtained, the lock held on the masters
+	// whose replies were lost too (by the same token), freed there too by
+	// Unlock once they can be reached.
+	warm(fast)
+	for _, p := range proxies[:2] {
+		p.Drop(faultproxy.Downstream)
+	}
+	l, err = fast.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock with the replies of 2 of 5 masters dropped: %v", err)
+	}
+	if on := heldOn(t, servers, name, l.Token()); len(on) != 5 {
+		t.Fatalf("held on masters %v, want all 5 (the 2 whose replies were lost too)", on)
+	}
+	for _, p := range proxies[:2] {
+		p.Undrop(faultproxy.Downstream)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock: %v", err)
+	}
+	freeOnAll(t, servers, name, "after Unlock")
 }
