@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -350,4 +351,88 @@ func TestFault4QuorumReplyLost(t *testing.T) {
 		t.Fatalf("Unlock: %v", err)
 	}
 	freeOnAll(t, servers, name, "after Unlock")
+}
+
+// Fault 7 on Q, the scenario of Kleppmann's critique of Redlock: A holds
+// the lock on exactly three masters, {0, 1, 2} (3 and 4 refuse A's
+// connections), master 2 restarts without persistence, and B, which
+// reaches every master, asks for the lock while A's lease is believed
+// valid. With the restart check off (WithRestartDelay(0)) B gets it from
+// {2, 3, 4}: the double grant, reproduced. With a restart delay as long as
+// the TTL, or the default, master 2 does not vote until the delay has
+// passed since its restart, and B gets the lock only once A's lease has
+// ended. B had asked before the restart (its masters certified: master 2
+// answers that it lost its epoch key), and a Client new since (C) asks
+// too, which sets master 2's epoch again from its young uptime.
+func TestFault7QuorumRestartWithoutPersistence(t *testing.T) {
+	const name, ttl = "q7", 1500 * time.Millisecond
+	for _, tc := range []struct {
+		what  string
+		delay time.Duration // 0: the check off; -1: the default
+	}{
+		{"restart check off", 0},
+		{"restart delay of one TTL", ttl},
+		{"default restart delay", -1},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			ctx := ctxT(t, 30*time.Second)
+			servers, direct := quorumMasters(t, 5)
+			proxies, viaProxies := throughProxies(t, servers)
+			opts := []dlock.Option{dlock.WithNodeTimeout(100 * time.Millisecond)}
+			if tc.delay >= 0 {
+				opts = append(opts, dlock.WithRestartDelay(tc.delay))
+			}
+			a, b := newQuorum(t, viaProxies, opts...), newQuorum(t, direct, opts...)
+			for _, p := range proxies[3:] {
+				p.Refuse(true)
+			}
+			la, err := a.Mutex(name, dlock.TTL(ttl)).Lock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if on := heldOn(t, servers, name, la.Token()); len(on) != 3 || on[2] != 2 {
+				t.Fatalf("A holds the lock on masters %v, want 0, 1 and 2", on)
+			}
+			if _, err := b.Mutex(name, dlock.TTL(ttl)).TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+				t.Fatalf("B's TryLock before the restart: %v, want ErrNotObtained", err)
+			}
+			servers[2].Restart(t)
+			if o := ownersOf(t, servers[2:3], name)[0]; o != "" {
+				t.Fatalf("master 2 kept the lock (owner %q) across a restart without persistence", o)
+			}
+			if tc.delay == 0 {
+				lctx, cancel := context.WithTimeout(ctx, ttl/2)
+				lb, err := b.Mutex(name, dlock.TTL(ttl)).Lock(lctx)
+				cancel()
+				if err != nil || !stillValid(la) {
+					t.Fatalf("double grant not reproduced: B's Lock %v, A's lease believed valid %v", err, stillValid(la))
+				}
+				t.Logf("double grant reproduced: B holds the lock on masters %v while A's lease is believed valid", heldOn(t, servers, name, lb.Token()))
+				return
+			}
+			c := newQuorum(t, direct, opts...)
+			for _, who := range []*dlock.Client{b, c} {
+				if l, err := who.Mutex(name, dlock.TTL(ttl)).TryLock(ctx); err == nil {
+					t.Fatalf("obtained the lock (on masters %v) right after master 2 restarted; A's lease believed valid: %v", heldOn(t, servers, name, l.Token()), stillValid(la))
+				}
+			}
+			epoch, _ := strconv.ParseInt(servers[2].Do(t, "get", "dlock:epoch").(string), 10, 64)
+			now := servers[2].Do(t, "time").([]any)
+			secs, _ := strconv.ParseInt(now[0].(string), 10, 64)
+			if age := time.Duration(secs*1000-epoch) * time.Millisecond; age > 5*time.Second {
+				t.Fatalf("master 2's data counted as %v old after its restart", age)
+			}
+			lb, err := b.Mutex(name, dlock.TTL(ttl)).Lock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stillValid(la) {
+				t.Fatalf("B obtained the lock (on masters %v) while A's lease was believed valid", heldOn(t, servers, name, lb.Token()))
+			}
+			t.Logf("B obtained the lock on masters %v after A's lease ended (%v)", heldOn(t, servers, name, lb.Token()), context.Cause(la.Context()))
+			if err := lb.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }
