@@ -436,3 +436,109 @@ func TestFault7QuorumRestartWithoutPersistence(t *testing.T) {
 		})
 	}
 }
+
+// Fault 1 on Q: a holder paused past its TTL (it stops renewing: NoRenew)
+// while another Client takes the lock once it expired on the masters. The
+// paused holder's lease context has ended by the time it resumes, and its
+// late write is refused by a resource that checks fences: the new holder's
+// fence is higher, though the masters' counters expired with the first
+// lease (the clock term of quorum_acquire.lua carries fences over that).
+func TestFault1QuorumPausedHolderFenced(t *testing.T) {
+	servers, rdbs := quorumMasters(t, 5)
+	a, b := newQuorum(t, rdbs), newQuorum(t, rdbs)
+	register := servers[0].Client(t)
+	ctx := ctxT(t, 20*time.Second)
+	const name = "q1"
+	paused, err := a.Mutex(name, dlock.TTL(500*time.Millisecond), dlock.NoRenew()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := b.Mutex(name, dlock.TTL(5*time.Second)).Lock(ctx) // once the first lease expired
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stillValid(paused) {
+		t.Fatal("B obtained the lock while the paused holder's lease was believed valid")
+	}
+	if cur.Fence() <= paused.Fence() {
+		t.Fatalf("new holder's fence %d not above the paused holder's %d", cur.Fence(), paused.Fence())
+	}
+	if !writeFenced(ctx, register, cur.Fence(), "new holder") {
+		t.Fatal("the new holder's fenced write was refused")
+	}
+	// The paused holder resumes: the very first look sees the end.
+	if !errors.Is(context.Cause(paused.Context()), dlock.ErrLockLost) {
+		t.Fatalf("paused holder's lease context: %v, want ended with ErrLockLost", context.Cause(paused.Context()))
+	}
+	if writeFenced(ctx, register, paused.Fence(), "paused holder") {
+		t.Fatal("the paused holder's stale write was accepted by the fenced register")
+	}
+	if v := register.HGet(ctx, "register", "value").Val(); v != "new holder" {
+		t.Fatalf("register = %q", v)
+	}
+	if err := cur.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Fault 2 on Q: Extend and Unlock of a lease that expired on the masters
+// while another Client took the lock. The masters' clocks jumped (PEXPIRE
+// on each: the lease expires there early), so the holder still believes it
+// valid and its calls reach the masters. B, which reaches masters 0 to 2
+// only, takes the lock there; 3 and 4 have no key. Extend and Unlock say
+// ErrLockLost and change nothing on any master: B's owner and expiry stay,
+// and Extend does not make a key again on 3 and 4.
+func TestFault2QuorumExtendUnlockAfterExpiry(t *testing.T) {
+	servers, direct := quorumMasters(t, 5)
+	proxies, viaProxies := throughProxies(t, servers)
+	ctx := ctxT(t, 20*time.Second)
+	const name = "q2"
+	key := wire.HashKey(wire.DefaultPrefix, name)
+	a := newQuorum(t, direct)
+	b := newQuorum(t, viaProxies, dlock.WithNodeTimeout(100*time.Millisecond))
+	old, err := a.Mutex(name, dlock.TTL(10*time.Second)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range servers {
+		s.Do(t, "pexpire", key, 1)
+	}
+	waitFor(t, ctx, "the lease to expire on every master", func() bool {
+		return heldOn(t, servers, name, old.Token()) == nil
+	})
+	for _, p := range proxies[3:] {
+		p.Refuse(true)
+	}
+	cur, err := b.Mutex(name, dlock.TTL(2*time.Second)).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stillValid(old) {
+		t.Fatal("the old lease ended before Extend: the test does not reach the masters with it")
+	}
+	if err := old.Extend(ctx, 20*time.Second); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Extend of a lease expired on the masters: %v, want ErrLockLost", err)
+	}
+	if cause := context.Cause(old.Context()); !errors.Is(cause, dlock.ErrLockLost) {
+		t.Fatalf("the old lease's context: %v, want ErrLockLost", cause)
+	}
+	if err := old.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Unlock of a lease expired on the masters: %v, want ErrLockLost", err)
+	}
+	for i, s := range servers {
+		o, _ := s.Do(t, "hget", key, "o").(string)
+		ms := s.Do(t, "pttl", key).(int64)
+		switch {
+		case i < 3 && (o != cur.Token() || ms > 2000):
+			t.Fatalf("master %d: owner %q, expiry in %d ms; want B's (%q), within 2 s", i, o, ms, cur.Token())
+		case i >= 3 && ms != -2:
+			t.Fatalf("master %d: the lock's key is there again (owner %q, expiry in %d ms)", i, o, ms)
+		}
+	}
+	if _, err := cur.TTL(ctx); err != nil {
+		t.Fatalf("the new holder's lease after the stale calls: %v", err)
+	}
+	if err := cur.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
