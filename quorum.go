@@ -223,8 +223,9 @@ func (q *quorum) all(votes <-chan vote) []vote {
 // granted (then the fence is raised on them, see raise), or once no
 // majority can grant; what a failed attempt took is given back. r.left is
 // set when other holders answered: every lease of theirs has ended by then.
-// split: no majority holds it for others (contenders split the votes, or
-// masters are down), so a retry soon may win without a release to wake it.
+// split: no other token holds it on a majority (contenders split the votes,
+// or masters are down), so a retry soon may win without a release to wake
+// it (a contender's give-back wakes nobody).
 func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, err error) {
 	lk := h.lk
 	r.sent = h.c.sendTime()
@@ -248,6 +249,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	var doubt, held, refused int // refused: no vote (restarting) or a bad reply
 	var firstErr error
 	var left time.Duration
+	holders := map[string]int{} // masters held, by token
 	got := 0
 	for ; got < n && len(granted) < q.maj && n-held-refused-doubt >= q.maj; got++ {
 		v := <-votes
@@ -279,6 +281,10 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 			}
 			left = max(left, time.Duration(ms)*time.Millisecond)
 			held++
+			if len(a) >= 4 {
+				o, _ := a[3].(string)
+				holders[o]++
+			}
 		}
 	}
 	if doubt > 0 {
@@ -308,7 +314,11 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	}
 	if held > 0 {
 		r.left = left
-		return r, held < q.maj, nil
+		most := 0
+		for _, k := range holders {
+			most = max(most, k)
+		}
+		return r, most < q.maj, nil
 	}
 	if doubt == n {
 		return r, false, fmt.Errorf("acquire: no master answered: %w", firstErr)

@@ -11,7 +11,9 @@
 -- ARGV[3]  restart delay in milliseconds
 -- Returns {1, fence}            acquired
 --         {1, fence, 1}         the token already held it (a retry)
---         {0, remaining_ms, f}  held by another owner (fence f)
+--         {0, remaining_ms, f, owner}  held by another owner (fence f): the
+--                               client tells a majority's holder from
+--                               contenders that split the masters
 --         {2, wait_ms}          not voting for wait_ms more (restarted);
 --                               wait_ms -1: no epoch key (never certified,
 --                               or its data was lost)
@@ -28,7 +30,7 @@ if not h[2] and redis.call('EXISTS', key) == 1 then
   return redis.error_reply('DLOCK_FOREIGN hash')
 end
 if h[1] then
-  if h[1] ~= token then return {0, redis.call('PTTL', key), tonumber(h[2])} end
+  if h[1] ~= token then return {0, redis.call('PTTL', key), tonumber(h[2]), h[1]} end
   redis.call('PEXPIRE', key, ttl)
   return {1, tonumber(h[2]), 1}
 end
