@@ -315,9 +315,10 @@ var (
 
 	QuorumAcquire = load("quorum_acquire")
 	QuorumFence   = load("quorum_fence")
+	QuorumCertify = load("quorum_certify")
 )
 
 // Scripts lists every script.
 func Scripts() []*Script {
-	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, QuorumAcquire, QuorumFence}
+	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, QuorumAcquire, QuorumFence, QuorumCertify}
 }
