@@ -225,7 +225,7 @@ func (q *quorum) all(votes <-chan vote) []vote {
 // or masters are down), so a retry soon may win without a release to wake
 // it (a contender's give-back wakes nobody).
 func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, err error) {
-	lk := h.lk
+	lk, token := h.lk, h.token
 	r.sent = h.c.sendTime()
 	delay := formatMillis(q.delay)
 	votes := q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
@@ -234,12 +234,13 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 				return nil, err
 			}
 		}
-		return quorumAcquireScript.run(ctx, m.c.rdb, []string{lk.hash, q.epoch}, h.token, lk.ttlArg, delay)
+		return quorumAcquireScript.run(ctx, m.c.rdb, []string{lk.hash, q.epoch}, token, lk.ttlArg, delay)
 	}, func(m *member, v any, err error) {
 		// This master answered after its timeout: give back what it
-		// granted (or may have).
+		// granted (or may have). By this attempt's token: a later
+		// attempt of the same Lock has a token of its own (see lock).
 		if granting(v, err) {
-			q.dropLater(lk, m, h.token)
+			q.dropLater(lk, m, token)
 		}
 	})
 	n := len(q.members)
@@ -693,6 +694,10 @@ subscribing:
 		case <-c.bg.Done():
 			return nil, nameErr(lk.name, ErrClosed)
 		}
+		// A new token for each attempt: a reply of an earlier one that
+		// comes after its per-master timeout is given back by its token,
+		// which must not be the one this attempt may win with.
+		h.token = c.tokens.next()
 		r, split, err = q.acquire(ctx, h)
 	}
 }

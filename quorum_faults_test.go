@@ -8,7 +8,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -553,4 +556,122 @@ func TestFault13QuorumContentionStorm(t *testing.T) {
 	start := time.Now()
 	contend(t, ctxT(t, 60*time.Second), servers[0].Client(t), 100, 1, func(g int) *dlock.Mutex { return cs[g%3].Mutex("q13") })
 	t.Logf("100 grants in %v", time.Since(start))
+}
+
+// gatedDialer is a go-redis Dialer that connects to to() (the address
+// given to go-redis is not used), and while the gate is shut makes each new
+// connection wait for its own turn (let), so that a test can choose which
+// of two connections comes up first.
+type gatedDialer struct {
+	to      func() string
+	mu      sync.Mutex
+	shut    bool
+	waiting []chan struct{}
+}
+
+// client returns a client of s that dials with g.
+func (g *gatedDialer) client(t *testing.T, s *redistest.Server) *redis.Client {
+	return s.Client(t, func(o *redis.Options) { o.Addr, o.Dialer = g.to(), g.dial })
+}
+
+func (g *gatedDialer) dial(ctx context.Context, network, _ string) (net.Conn, error) {
+	g.mu.Lock()
+	var turn chan struct{}
+	if g.shut {
+		turn = make(chan struct{})
+		g.waiting = append(g.waiting, turn)
+	}
+	g.mu.Unlock()
+	if turn != nil {
+		select {
+		case <-turn:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, g.to())
+}
+
+// waiters returns how many connections have waited at the gate.
+func (g *gatedDialer) waiters() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.waiting)
+}
+
+// let lets the i-th connection that waited through.
+func (g *gatedDialer) let(i int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	close(g.waiting[i])
+}
+
+// A reply lost in one attempt of a Lock, found after a later attempt of the
+// same Lock won (fault 4 meets a retry). A's first attempt: masters 0 and 1
+// run the acquire but their replies are held past the node timeout, 3 and 4
+// refuse A's connections: no majority, so A tries again, and its new
+// connections to 0 and 1 (each master's client dials through a second
+// proxy from then on) carry the second attempt, which wins on 0, 1 and 2.
+// Then the first attempt's connections are reset: what comes of them (an
+// error, or go-redis's resend of the acquire) must not take the lock away
+// from the lease on 0 and 1, nor let another Client obtain it while the
+// lease is believed valid.
+func TestFault4QuorumLateReplyOfEarlierAttempt(t *testing.T) {
+	servers, direct := quorumMasters(t, 5)
+	first, rdbs := throughProxies(t, servers)
+	second, _ := throughProxies(t, servers[:2])
+	var switched atomic.Bool
+	for i := range 2 {
+		g := &gatedDialer{to: func() string {
+			if switched.Load() {
+				return second[i].Addr()
+			}
+			return first[i].Addr()
+		}}
+		rdbs[i] = g.client(t, servers[i])
+	}
+	ctx := ctxT(t, 20*time.Second)
+	const name = "q4-late"
+	a := newQuorum(t, rdbs, dlock.WithNodeTimeout(100*time.Millisecond))
+	d := newQuorum(t, direct)
+	m := a.Mutex(name, dlock.TTL(5*time.Second))
+	l, err := m.TryLock(ctx) // connections open, masters certified
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range first[:2] {
+		p.Hold(faultproxy.Downstream)
+	}
+	for _, p := range first[3:] {
+		p.Refuse(true)
+		p.ResetAll()
+	}
+	switched.Store(true) // the first attempt goes on the connections open now
+	l, err = m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if on := heldOn(t, servers, name, l.Token()); len(on) != 3 {
+		t.Fatalf("the lease is held on masters %v, want 0, 1 and 2", on)
+	}
+	for _, p := range first[:2] {
+		p.ResetAll()
+		p.Release(faultproxy.Downstream)
+	}
+	// Not ordering: time for what comes of the first attempt (go-redis
+	// resends after a backoff; the late give-back runs in the background).
+	time.Sleep(500 * time.Millisecond)
+	if on := heldOn(t, servers, name, l.Token()); len(on) != 3 {
+		t.Errorf("the lease, believed valid: %v, is held on masters %v only (owners %q)", stillValid(l), on, ownersOf(t, servers, name))
+	}
+	if o, err := d.Mutex(name, dlock.TTL(5*time.Second)).TryLock(ctx); err == nil {
+		t.Fatalf("another Client obtained the lock (on masters %v) while the lease is believed valid: %v", heldOn(t, servers, name, o.Token()), stillValid(l))
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
