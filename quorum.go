@@ -291,10 +291,12 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	}
 	if len(granted) >= q.maj {
 		// Masters that answer later keep their grant until Unlock (by
-		// token), or give it back if they answer after their timeout.
+		// token), or give it back if they answer after their timeout or
+		// the Unlock (watchLate).
 		fence, ok := q.raise(ctx, h, granted)
 		if ok && time.Now().Before(validUntil(r.sent, lk.ttl)) {
 			r.ok, r.fence = true, fence
+			q.watchLate(h, token, votes, n-got)
 			return r, false, nil
 		}
 		why := "its validity ran out while the masters answered"
@@ -323,6 +325,25 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		return r, false, fmt.Errorf("acquire: no master answered: %w", firstErr)
 	}
 	return r, true, q.shortErr("acquire", len(granted), held, refused, doubt, firstErr)
+}
+
+// watchLate takes the k votes still to come when h's acquire won with
+// token (each within the per-master timeout). A master that granted, or
+// may have, after h was given up (go-redis sent the acquire again after a
+// reset, and it ran after the release) is given back: its grant would
+// otherwise outlive the lease by a TTL.
+func (q *quorum) watchLate(h *holding, token string, votes <-chan vote, k int) {
+	if k == 0 {
+		return
+	}
+	h.c.goBg(func() {
+		for range k {
+			v := <-votes
+			if st, _ := h.snapshot(); st >= ending && granting(v.v, v.err) {
+				q.dropLater(h.lk, q.members[v.i], token)
+			}
+		}
+	})
 }
 
 // granting reports whether an acquire's reply granted the lock, or might
