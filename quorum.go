@@ -440,7 +440,7 @@ func (q *quorum) give(ctx context.Context, h *holding) {
 // that cannot be reached keep it until its TTL.
 func (q *quorum) dropAll(ctx context.Context, lk *lock, token string) {
 	_ = q.all(q.fanOut(context.WithoutCancel(ctx), func(ctx context.Context, m *member) (any, error) {
-		return q.releaseOn(ctx, m, lk, token, "0")
+		return q.releaseOn(ctx, m, lk, token, "0", false)
 	}, nil))
 }
 
@@ -449,17 +449,19 @@ func (q *quorum) dropLater(lk *lock, m *member, token string) {
 	lk.c.goBg(func() {
 		ctx, cancel := context.WithTimeout(lk.c.bg, min(lk.ttl, 5*time.Second))
 		defer cancel()
-		_, _ = q.releaseOn(ctx, m, lk, token, "0")
+		_, _ = q.releaseOn(ctx, m, lk, token, "0", false)
 	})
 }
 
 // releaseOn runs release.lua for token on m (without a line), publishing
-// fence as the released fence.
-func (q *quorum) releaseOn(ctx context.Context, m *member, lk *lock, token, fence string) (any, error) {
+// fence as the released fence. once: go-redis must not send it again by
+// itself (see onceCmd): an Unlock's release, whose "not the owner" only
+// the engine can tell from a loss, knowing it sent it again.
+func (q *quorum) releaseOn(ctx context.Context, m *member, lk *lock, token, fence string, once bool) (any, error) {
 	if err := m.c.pubsubReady(ctx); err != nil {
 		return nil, err
 	}
-	return releaseScript.run(ctx, m.c.rdb, []string{lk.hash}, token, fence, m.c.idleArg, lk.hash, m.c.ps.arg)
+	return releaseScript.do(ctx, m.c.rdb, []any{"evalsha", releaseScript.sha, "1", lk.hash, token, fence, m.c.idleArg, lk.hash, m.c.ps.arg}, once)
 }
 
 // release releases h on every master and returns what holding.release
@@ -470,7 +472,7 @@ func (q *quorum) releaseOn(ctx context.Context, m *member, lk *lock, token, fenc
 // few answered to tell.
 func (q *quorum) release(ctx context.Context, h *holding) (any, error) {
 	votes := q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
-		return q.releaseOn(ctx, m, h.lk, h.token, h.fenceStr)
+		return q.releaseOn(ctx, m, h.lk, h.token, h.fenceStr, true)
 	}, nil))
 	var ok, no int
 	var firstErr error

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -709,5 +710,160 @@ func TestFault4QuorumAcquireAfterUnlock(t *testing.T) {
 	gate.let(0)
 	waitFor(t, ctx, "the acquire to run on master 0 and be given back", func() bool {
 		return ownersOf(t, servers[:1], name)[0] == "" && servers[0].Do(t, "exists", wire.HashKey(wire.DefaultPrefix, name)) == int64(1)
+	})
+}
+
+// Fault 17 on Q: connections reset during a release or an extend.
+//
+// Release: A's release runs on the masters, the replies of three are held
+// back, and B takes the lock meanwhile; then those connections are reset.
+// Sending the release again there finds B's lock, which is not A's loss:
+// A's Unlock says nil (its release went through), and B keeps the lock
+// where it had it. A release whose replies never come is an error (outcome
+// unknown); a later Unlock of it says nil too and leaves B alone.
+//
+// Extend: the extension runs on the masters, and the connections of three
+// are reset before their replies and refuse new ones: the outcome is
+// unknown, so Extend fails and the lease still ends at its old deadline,
+// though the masters extended it.
+//
+// Each case has fresh proxies and Client: a connection whose handshake was
+// cut stays stuck until its read timeout, and calls must go on the warm
+// ones.
+func TestFault17QuorumResetOnReleaseOrExtend(t *testing.T) {
+	servers, direct := quorumMasters(t, 5)
+	ctx := ctxT(t, 30*time.Second)
+	const name = "q17"
+	key := wire.HashKey(wire.DefaultPrefix, name)
+	b := newQuorum(t, direct)
+	setup := func(t *testing.T) ([]*faultproxy.Proxy, *dlock.Client) {
+		proxies, rdbs := throughProxies(t, servers)
+		a := newQuorum(t, rdbs, dlock.WithNodeTimeout(time.Second))
+		// Connections open, masters certified, scripts loaded.
+		l, err := a.Mutex(name).TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Extend(ctx, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return proxies, a
+	}
+	// ranOn waits until a call of A's ran on masters 3 and 4 (no fault) and
+	// then, for a while, on 0 to 2 (a call on a new connection there waits
+	// for its handshake's reply, held back), and returns on which of them.
+	ranOn := func(t *testing.T, what string, ran func(i int) bool) []int {
+		waitFor(t, ctx, what+" to run on masters 3 and 4", func() bool { return ran(3) && ran(4) })
+		var on []int
+		for deadline := time.Now().Add(300 * time.Millisecond); len(on) < 3 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			on = on[:0]
+			for i := range 3 {
+				if ran(i) {
+					on = append(on, i)
+				}
+			}
+		}
+		t.Logf("%s ran on faulty masters %v", what, on)
+		return on
+	}
+	// B takes the lock; later, it must still hold it where it did.
+	var bOn []int
+	bHolds := func(t *testing.T) *dlock.Lease {
+		l, err := b.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
+		if err != nil {
+			t.Fatalf("B's TryLock: %v", err)
+		}
+		bOn = heldOn(t, servers, name, l.Token())
+		return l
+	}
+	bKept := func(t *testing.T, l *dlock.Lease) {
+		if on := heldOn(t, servers, name, l.Token()); !slices.Equal(on, bOn) {
+			t.Fatalf("B holds the lock on masters %v, it did on %v (owners %q)", on, bOn, ownersOf(t, servers, name))
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatalf("B's Unlock: %v", err)
+		}
+	}
+
+	t.Run("release reset", func(t *testing.T) {
+		proxies, a := setup(t)
+		l, err := a.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range proxies[:3] {
+			p.Hold(faultproxy.Downstream)
+		}
+		unlocked := make(chan error, 1)
+		go func() { unlocked <- l.Unlock(ctx) }()
+		token := l.Token()
+		ranOn(t, "the release", func(i int) bool { return ownersOf(t, servers[i:i+1], name)[0] != token })
+		cur := bHolds(t)
+		for _, p := range proxies[:3] {
+			p.ResetAll()
+			p.Release(faultproxy.Downstream)
+		}
+		if err := <-unlocked; err != nil {
+			t.Fatalf("Unlock whose replies were reset after it ran, the lock taken since: %v, want nil", err)
+		}
+		bKept(t, cur)
+	})
+
+	t.Run("release replies lost", func(t *testing.T) {
+		proxies, a := setup(t)
+		l, err := a.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range proxies[:3] {
+			p.Drop(faultproxy.Downstream)
+		}
+		if err := l.Unlock(ctx); err == nil || errors.Is(err, dlock.ErrLockLost) {
+			t.Fatalf("Unlock with 3 of 5 replies lost: %v, want an error of unknown outcome", err)
+		}
+		cur := bHolds(t)
+		for _, p := range proxies[:3] {
+			p.Undrop(faultproxy.Downstream)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock again, the lock taken since: %v, want nil (the first one released it)", err)
+		}
+		bKept(t, cur)
+	})
+
+	t.Run("extend reset", func(t *testing.T) {
+		proxies, a := setup(t)
+		const short = 1500 * time.Millisecond
+		l, err := a.Mutex(name, dlock.TTL(short), dlock.NoRenew()).TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range proxies[:3] {
+			p.Hold(faultproxy.Downstream)
+		}
+		extended := make(chan error, 1)
+		go func() { extended <- l.Extend(ctx, 20*time.Second) }()
+		ranOn(t, "the extension", func(i int) bool { return servers[i].Do(t, "pttl", key).(int64) > 10000 })
+		for _, p := range proxies[:3] {
+			p.Refuse(true)
+			p.ResetAll()
+			p.Release(faultproxy.Downstream)
+		}
+		if err := <-extended; err == nil || errors.Is(err, dlock.ErrLockLost) {
+			t.Fatalf("Extend with 3 of 5 replies reset: %v, want an error of unknown outcome", err)
+		}
+		// Not ordering: past the old deadline, which must stand.
+		time.Sleep(short)
+		if stillValid(l) {
+			t.Fatal("the lease is believed valid past its TTL after an Extend of unknown outcome")
+		}
+		for _, p := range proxies[:3] {
+			p.Refuse(false)
+		}
+		_ = l.Unlock(ctx)
+		freeOnAll(t, servers, name, "after the Unlock of the lease whose Extend was unknown")
 	})
 }
