@@ -8,10 +8,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -952,4 +957,62 @@ func TestFault8QuorumRestartFromOlderSnapshot(t *testing.T) {
 	if err == nil && stillValid(la) {
 		t.Fatalf("B obtained the lock on masters %v while A's lease is believed valid", heldOn(t, servers, name, lb.Token()))
 	}
+}
+
+// Fault 11, on S and Q alike: the client's wall clock jumps. It cannot be
+// stepped for this process alone (Go reads the clock through the vDSO, so an
+// LD_PRELOAD shim does not reach it; a time namespace shifts the monotonic
+// clocks, not the wall clock; stepping the machine's clock would move the
+// servers' clocks too, and every other process's), so the guarantee holds by
+// construction: the engine dates leases and waits with time.Now() readings,
+// whose monotonic part Go uses for every comparison and difference, and
+// with durations. This test keeps it so: no non-test file of the package
+// calls what reads or keeps only the wall clock (a Time's Unix* methods,
+// UTC, Local, In, AddDate, Round(0) or Truncate(0); time.Unix, time.Date,
+// time.Parse), except the watchdog's "awake" sentinel, a time.Unix so far
+// off that no wall clock reaches it.
+func TestFault11WallClockNotRead(t *testing.T) {
+	methods := map[string]bool{"Unix": true, "UnixNano": true, "UnixMilli": true, "UnixMicro": true, "UTC": true, "Local": true, "In": true, "AddDate": true}
+	funcs := map[string]bool{"Unix": true, "UnixMilli": true, "UnixMicro": true, "Date": true, "Parse": true, "ParseInLocation": true}
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if v, ok := n.(*ast.ValueSpec); ok && len(v.Names) == 1 && v.Names[0].Name == "farFuture" {
+				return false
+			}
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			pkg, _ := sel.X.(*ast.Ident)
+			zero := len(call.Args) == 1 && isZero(call.Args[0])
+			switch {
+			case pkg != nil && pkg.Name == "time" && funcs[sel.Sel.Name],
+				(pkg == nil || pkg.Name != "time") && methods[sel.Sel.Name],
+				(sel.Sel.Name == "Round" || sel.Sel.Name == "Truncate") && zero:
+				t.Errorf("%s: %s reads or keeps only the wall clock", fset.Position(call.Pos()), sel.Sel.Name)
+			}
+			return true
+		})
+	}
+}
+
+func isZero(e ast.Expr) bool {
+	lit, ok := e.(*ast.BasicLit)
+	return ok && lit.Value == "0"
 }
