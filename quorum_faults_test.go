@@ -148,6 +148,10 @@ func TestFault12QuorumMastersDown(t *testing.T) {
 				t.Fatalf("renewed lease ended with 2 of 5 masters down: %v", context.Cause(l.Context()))
 			}
 			waiter := async(t, ctx, b.Mutex(name, ttl).Lock)
+			waitFor(t, ctx, "the waiter to subscribe on the masters up", func() bool {
+				n, _ := servers[0].Do(t, "pubsub", "shardnumsub", wire.HashKey(wire.DefaultPrefix, name)).([]any)[1].(int64)
+				return n > 0
+			})
 			if err := l.Unlock(ctx); err != nil {
 				t.Fatalf("Unlock with 2 of 5 masters down: %v", err)
 			}
@@ -260,6 +264,28 @@ func TestFault3QuorumRepliesPastValidity(t *testing.T) {
 	}
 }
 
+// warmQuorum makes a quorum Client of servers through fault proxies of its
+// own and warms it up on lock name: connections open, masters certified,
+// scripts loaded. A test that cuts replies needs it: a call on a new
+// connection waits for its handshake's reply, and never runs if that is
+// cut. Each case that leaves connections stuck starts with a new one.
+func warmQuorum(t *testing.T, ctx context.Context, servers []*redistest.Server, name string, opts ...dlock.Option) ([]*faultproxy.Proxy, *dlock.Client) {
+	t.Helper()
+	proxies, rdbs := throughProxies(t, servers)
+	c := newQuorum(t, rdbs, opts...)
+	l, err := c.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Extend(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return proxies, c
+}
+
 // Fault 4: the acquire runs on the masters but replies are lost. It is
 // never reported as obtained unless a majority's grants arrived, and the
 // lock is free again on every master within its TTL. Where a master can be
@@ -268,99 +294,88 @@ func TestFault3QuorumRepliesPastValidity(t *testing.T) {
 // replies stay lost it cannot be told (a new connection's handshake needs a
 // reply) and the lock expires there.
 func TestFault4QuorumReplyLost(t *testing.T) {
-	servers, proxies, rdbs := proxiedQuorum(t, 5)
+	servers, _ := quorumMasters(t, 5)
 	ctx := ctxT(t, 30*time.Second)
 	const name = "q4"
-	fast := newQuorum(t, rdbs, dlock.WithNodeTimeout(100*time.Millisecond))
-	slow := newQuorum(t, rdbs, dlock.WithNodeTimeout(2*time.Second))
-	lost := func(c *dlock.Client, ttl time.Duration, what string) {
-		t.Helper()
-		l, err := c.Mutex(name, dlock.TTL(ttl)).TryLock(ctx)
-		if err == nil {
-			t.Fatalf("TryLock reported success with %s (fence %d, held on %v)", what, l.Fence(), heldOn(t, servers, name, l.Token()))
-		}
-		t.Logf("%s: %v", what, err)
-	}
-	warm := func(c *dlock.Client) { // connections open, scripts loaded
-		t.Helper()
-		l, err := c.Mutex(name).TryLock(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fast := dlock.WithNodeTimeout(100 * time.Millisecond)
 
-	// Replies dropped for good.
-	const short = time.Second
 	for _, n := range []int{3, 5} {
-		warm(fast)
-		for _, p := range proxies[:n] {
-			p.Drop(faultproxy.Downstream)
-		}
-		sent := time.Now()
-		lost(fast, short, fmt.Sprintf("the replies of %d masters dropped", n))
-		t.Logf("owners when TryLock returned: %q", ownersOf(t, servers, name))
-		freeOnAll(t, servers[n:], name, "on the masters whose replies came")
-		// Not ordering: past the TTL, by which every master is free.
-		time.Sleep(time.Until(sent.Add(short + 100*time.Millisecond)))
-		freeOnAll(t, servers, name, "a TTL after a TryLock whose replies were dropped")
-		for _, p := range proxies {
-			p.Undrop(faultproxy.Downstream)
-		}
+		t.Run(fmt.Sprintf("replies of %d dropped", n), func(t *testing.T) {
+			proxies, c := warmQuorum(t, ctx, servers, name, fast)
+			for _, p := range proxies[:n] {
+				p.Drop(faultproxy.Downstream)
+			}
+			const ttl = time.Second
+			sent := time.Now()
+			l, err := c.Mutex(name, dlock.TTL(ttl)).TryLock(ctx)
+			if err == nil {
+				t.Fatalf("TryLock reported success with the replies of %d masters dropped (fence %d, held on %v)", n, l.Fence(), heldOn(t, servers, name, l.Token()))
+			}
+			t.Logf("TryLock: %v; owners when it returned: %q", err, ownersOf(t, servers, name))
+			freeOnAll(t, servers[n:], name, "on the masters whose replies came")
+			// Not ordering: past the TTL, by which every master is free.
+			time.Sleep(time.Until(sent.Add(ttl + 100*time.Millisecond)))
+			freeOnAll(t, servers, name, "a TTL after a TryLock whose replies were dropped")
+		})
 	}
 
 	// The connections to three masters reset after the acquire ran there,
 	// before its replies came. go-redis sends it again on a new connection
 	// (by itself: it resends after a reset), and the masters recognise the
 	// token: a majority truly confirmed the grant.
-	warm(slow)
-	for _, p := range proxies[:3] {
-		p.Hold(faultproxy.Downstream)
-	}
-	got := async(t, ctx, slow.Mutex(name, dlock.TTL(10*time.Second)).TryLock)
-	waitFor(t, ctx, "the acquire to run on every master", func() bool {
-		os := ownersOf(t, servers, name)
-		return os[0] != "" && os[0] == os[1] && os[1] == os[2] && os[2] == os[3] && os[3] == os[4]
+	t.Run("reset after the acquire ran", func(t *testing.T) {
+		proxies, c := warmQuorum(t, ctx, servers, name, dlock.WithNodeTimeout(2*time.Second))
+		for _, p := range proxies[:3] {
+			p.Hold(faultproxy.Downstream)
+		}
+		got := async(t, ctx, c.Mutex(name, dlock.TTL(10*time.Second)).TryLock)
+		waitFor(t, ctx, "the acquire to run on every master", func() bool {
+			os := ownersOf(t, servers, name)
+			return os[0] != "" && os[0] == os[1] && os[1] == os[2] && os[2] == os[3] && os[3] == os[4]
+		})
+		for _, p := range proxies[:3] {
+			p.ResetAll()
+			p.Release(faultproxy.Downstream)
+		}
+		l, err := got()
+		if err != nil {
+			t.Fatalf("TryLock whose first replies were reset, sent again: %v", err)
+		}
+		if on := heldOn(t, servers, name, l.Token()); len(on) != 5 {
+			t.Fatalf("held on masters %v, want all 5", on)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// A resend that runs after the release is given back just after.
+		waitFor(t, ctx, "the lock free on every master after Unlock", func() bool {
+			return slices.Equal(ownersOf(t, servers, name), make([]string, 5))
+		})
 	})
-	for _, p := range proxies[:3] {
-		p.ResetAll()
-		p.Release(faultproxy.Downstream)
-	}
-	l, err := got()
-	if err != nil {
-		t.Fatalf("TryLock whose first replies were reset, sent again: %v", err)
-	}
-	if on := heldOn(t, servers, name, l.Token()); len(on) != 5 {
-		t.Fatalf("held on masters %v, want all 5", on)
-	}
-	if err := l.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	freeOnAll(t, servers, name, "after Unlock")
 
 	// Replies lost from a minority: obtained, the lock held on the masters
 	// whose replies were lost too (by the same token), freed there too by
 	// Unlock once they can be reached.
-	warm(fast)
-	for _, p := range proxies[:2] {
-		p.Drop(faultproxy.Downstream)
-	}
-	l, err = fast.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
-	if err != nil {
-		t.Fatalf("TryLock with the replies of 2 of 5 masters dropped: %v", err)
-	}
-	if on := heldOn(t, servers, name, l.Token()); len(on) != 5 {
-		t.Fatalf("held on masters %v, want all 5 (the 2 whose replies were lost too)", on)
-	}
-	for _, p := range proxies[:2] {
-		p.Undrop(faultproxy.Downstream)
-	}
-	if err := l.Unlock(ctx); err != nil {
-		t.Fatalf("Unlock: %v", err)
-	}
-	freeOnAll(t, servers, name, "after Unlock")
+	t.Run("replies of 2 dropped", func(t *testing.T) {
+		proxies, c := warmQuorum(t, ctx, servers, name, fast)
+		for _, p := range proxies[:2] {
+			p.Drop(faultproxy.Downstream)
+		}
+		l, err := c.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
+		if err != nil {
+			t.Fatalf("TryLock with the replies of 2 of 5 masters dropped: %v", err)
+		}
+		if on := heldOn(t, servers, name, l.Token()); len(on) != 5 {
+			t.Fatalf("held on masters %v, want all 5 (the 2 whose replies were lost too)", on)
+		}
+		for _, p := range proxies[:2] {
+			p.Undrop(faultproxy.Downstream)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock: %v", err)
+		}
+		freeOnAll(t, servers, name, "after Unlock")
+	})
 }
 
 // Fault 7 on Q, the scenario of Kleppmann's critique of Redlock: A holds
@@ -733,36 +748,25 @@ func TestFault4QuorumAcquireAfterUnlock(t *testing.T) {
 // unknown, so Extend fails and the lease still ends at its old deadline,
 // though the masters extended it.
 //
-// Each case has fresh proxies and Client: a connection whose handshake was
-// cut stays stuck until its read timeout, and calls must go on the warm
-// ones.
+// Each case has proxies and a Client of its own (see warmQuorum).
 func TestFault17QuorumResetOnReleaseOrExtend(t *testing.T) {
 	servers, direct := quorumMasters(t, 5)
 	ctx := ctxT(t, 30*time.Second)
 	const name = "q17"
 	key := wire.HashKey(wire.DefaultPrefix, name)
 	b := newQuorum(t, direct)
-	setup := func(t *testing.T) ([]*faultproxy.Proxy, *dlock.Client) {
-		proxies, rdbs := throughProxies(t, servers)
-		a := newQuorum(t, rdbs, dlock.WithNodeTimeout(time.Second))
-		// Connections open, masters certified, scripts loaded.
-		l, err := a.Mutex(name).TryLock(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Extend(ctx, 10*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return proxies, a
-	}
 	// ranOn waits until a call of A's ran on masters 3 and 4 (no fault) and
 	// then, for a while, on 0 to 2 (a call on a new connection there waits
 	// for its handshake's reply, held back), and returns on which of them.
-	ranOn := func(t *testing.T, what string, ran func(i int) bool) []int {
-		waitFor(t, ctx, what+" to run on masters 3 and 4", func() bool { return ran(3) && ran(4) })
+	ranOn := func(t *testing.T, what string, done <-chan error, ran func(i int) bool) []int {
+		waitFor(t, ctx, what+" to run on masters 3 and 4", func() bool {
+			select {
+			case err := <-done:
+				t.Fatalf("%s returned before it ran on masters 3 and 4: %v (owners %q)", what, err, ownersOf(t, servers, name))
+			default:
+			}
+			return ran(3) && ran(4)
+		})
 		var on []int
 		for deadline := time.Now().Add(300 * time.Millisecond); len(on) < 3 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 			on = on[:0]
@@ -795,7 +799,7 @@ func TestFault17QuorumResetOnReleaseOrExtend(t *testing.T) {
 	}
 
 	t.Run("release reset", func(t *testing.T) {
-		proxies, a := setup(t)
+		proxies, a := warmQuorum(t, ctx, servers, name, dlock.WithNodeTimeout(time.Second))
 		l, err := a.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -806,7 +810,7 @@ func TestFault17QuorumResetOnReleaseOrExtend(t *testing.T) {
 		unlocked := make(chan error, 1)
 		go func() { unlocked <- l.Unlock(ctx) }()
 		token := l.Token()
-		ranOn(t, "the release", func(i int) bool { return ownersOf(t, servers[i:i+1], name)[0] != token })
+		ranOn(t, "the release", unlocked, func(i int) bool { return ownersOf(t, servers[i:i+1], name)[0] != token })
 		cur := bHolds(t)
 		for _, p := range proxies[:3] {
 			p.ResetAll()
@@ -819,7 +823,7 @@ func TestFault17QuorumResetOnReleaseOrExtend(t *testing.T) {
 	})
 
 	t.Run("release replies lost", func(t *testing.T) {
-		proxies, a := setup(t)
+		proxies, a := warmQuorum(t, ctx, servers, name, dlock.WithNodeTimeout(time.Second))
 		l, err := a.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -841,7 +845,7 @@ func TestFault17QuorumResetOnReleaseOrExtend(t *testing.T) {
 	})
 
 	t.Run("extend reset", func(t *testing.T) {
-		proxies, a := setup(t)
+		proxies, a := warmQuorum(t, ctx, servers, name, dlock.WithNodeTimeout(time.Second))
 		const short = 1500 * time.Millisecond
 		l, err := a.Mutex(name, dlock.TTL(short), dlock.NoRenew()).TryLock(ctx)
 		if err != nil {
@@ -852,7 +856,7 @@ func TestFault17QuorumResetOnReleaseOrExtend(t *testing.T) {
 		}
 		extended := make(chan error, 1)
 		go func() { extended <- l.Extend(ctx, 20*time.Second) }()
-		ranOn(t, "the extension", func(i int) bool { return servers[i].Do(t, "pttl", key).(int64) > 10000 })
+		ranOn(t, "the extension", extended, func(i int) bool { return servers[i].Do(t, "pttl", key).(int64) > 10000 })
 		for _, p := range proxies[:3] {
 			p.Refuse(true)
 			p.ResetAll()
