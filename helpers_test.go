@@ -49,25 +49,40 @@ func lockedAt(t *testing.T, ctx context.Context, lock func(context.Context) (*dl
 
 // contend runs workers goroutines that each take the lock mutexFor(g) gives
 // them each times and increment a Redis counter read-modify-write inside it.
-// It fails the test on a lost update or on two holders inside at once.
+// It fails the test on a lost update, on two holders inside at once, or on
+// a fence not above the one before it in grant order (the order of the
+// counter values read inside).
 func contend(t *testing.T, ctx context.Context, rdb *redis.Client, workers, each int, mutexFor func(g int) *dlock.Mutex) {
 	t.Helper()
 	counter := "counter:" + t.Name()
 	var inside, maxInside atomic.Int32
+	var mu sync.Mutex
+	fences := make([]uint64, workers*each) // by the counter value read inside
 	var wg sync.WaitGroup
 	for g := 0; g < workers; g++ {
 		wg.Add(1)
 		go func(g int) {
 			defer wg.Done()
 			for i := 0; i < each; i++ {
-				err := mutexFor(g).Do(ctx, func(ctx context.Context) error {
-					n := inside.Add(1)
-					defer inside.Add(-1)
-					for m := maxInside.Load(); n > m && !maxInside.CompareAndSwap(m, n); m = maxInside.Load() {
-					}
-					v, _ := rdb.Get(ctx, counter).Int()
-					return rdb.Set(ctx, counter, v+1, 0).Err()
-				})
+				l, err := mutexFor(g).Lock(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				n := inside.Add(1)
+				for m := maxInside.Load(); n > m && !maxInside.CompareAndSwap(m, n); m = maxInside.Load() {
+				}
+				v, _ := rdb.Get(l.Context(), counter).Int()
+				err = rdb.Set(l.Context(), counter, v+1, 0).Err()
+				inside.Add(-1)
+				if err == nil && v < len(fences) {
+					mu.Lock()
+					fences[v] = l.Fence()
+					mu.Unlock()
+				}
+				if uerr := l.Unlock(ctx); err == nil {
+					err = uerr
+				}
 				if err != nil {
 					t.Error(err)
 					return
@@ -81,6 +96,11 @@ func contend(t *testing.T, ctx context.Context, rdb *redis.Client, workers, each
 	}
 	if n := maxInside.Load(); n != 1 {
 		t.Fatalf("%d holders inside at once", n)
+	}
+	for v := 1; v < len(fences); v++ {
+		if fences[v] <= fences[v-1] {
+			t.Fatalf("fences in grant order: %d then %d (grants %d and %d)", fences[v-1], fences[v], v-1, v)
+		}
 	}
 }
 

@@ -485,7 +485,11 @@ func (q *quorum) releaseOn(ctx context.Context, m *member, lk *lock, token, fenc
 	if err := m.c.pubsubReady(ctx); err != nil {
 		return nil, err
 	}
-	return releaseScript.run(ctx, m.c.rdb, []string{lk.hash}, token, fence, m.c.idleArg, lk.hash, m.c.ps.arg)
+	// Sent once (see onceCmd): a resend that go-redis made by itself
+	// after a run whose reply was lost would answer "not the owner", and
+	// Unlock would take a release that went through for a lost lease.
+	args := []any{"evalsha", releaseScript.sha, "1", lk.hash, token, fence, m.c.idleArg, lk.hash, m.c.ps.arg}
+	return releaseScript.do(ctx, m.c.rdb, args, true)
 }
 
 // release releases h on every master and returns what holding.release
@@ -706,13 +710,18 @@ func (q *quorum) lock(ctx context.Context, lk *lock) (*Lease, error) {
 	defer q.leave(lc, w)
 	// Look again once subscribed (or after subscribeWait: a master down
 	// never confirms), or a release before the subscriptions went unheard.
+	// One bound for all of them: it fires once.
 	bound := time.NewTimer(subscribeWait)
+wait:
 	for _, ch := range ready {
 		select {
 		case <-ch:
 		case <-bound.C:
+			break wait
 		case <-ctx.Done():
+			break wait
 		case <-c.bg.Done():
+			break wait
 		}
 	}
 	bound.Stop()
