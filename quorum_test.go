@@ -14,7 +14,7 @@ import (
 // quorumMasters starts n independent masters whose data the test knows to
 // be new: their epoch keys are set to long ago, so they vote at once (a
 // master's first use otherwise waits out the restart delay).
-func quorumMasters(t *testing.T, n int) ([]*redistest.Server, []redis.UniversalClient) {
+func quorumMasters(t testing.TB, n int) ([]*redistest.Server, []redis.UniversalClient) {
 	t.Helper()
 	servers := redistest.Masters(t, n)
 	rdbs := make([]redis.UniversalClient, n)
@@ -26,7 +26,7 @@ func quorumMasters(t *testing.T, n int) ([]*redistest.Server, []redis.UniversalC
 }
 
 // certifyOld sets s's epoch key (default prefix) to the epoch of the clock.
-func certifyOld(t *testing.T, s *redistest.Server) {
+func certifyOld(t testing.TB, s *redistest.Server) {
 	t.Helper()
 	s.Do(t, "set", "dlock:epoch", "0")
 }
