@@ -31,6 +31,7 @@ type quorum struct {
 // member is one master of a quorum: a Client of its own over it, for its
 // pub/sub and its scripts, that never takes a lock itself.
 type member struct {
+	idx  int // its place in quorum.members
 	c    *Client
 	rdb  *redis.Client
 	addr string
@@ -119,7 +120,7 @@ func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
 			return nil, invalidf("NewQuorum: masters %d and %d are both %s: the masters must be independent", j, i, addr)
 		}
 		seen[addr] = i
-		q.members = append(q.members, &member{rdb: rc, addr: addr})
+		q.members = append(q.members, &member{idx: i, rdb: rc, addr: addr})
 	}
 	c := newClient(nil, cfg)
 	c.q = q
@@ -189,22 +190,59 @@ type vote struct {
 	err error
 }
 
-// fanOut sends f to every master at once, each bounded by the per-master
-// timeout (and ctx), and delivers the answers as they come. The channel
-// gets exactly one vote per master.
+// fanOut sends f to every master at once and delivers the answers as they
+// come: the channel gets exactly one vote per master. Every request is
+// bounded by the per-master timeout (and ctx): a master that has not
+// answered by then gets a vote with the context's error, and its reply,
+// if it comes later, goes to late (if not nil). One goroutine per master
+// runs f itself (with a context-aware client go-redis ends it at the
+// deadline; without, it may run on in the background, as aside's would),
+// and one timer ends them all: the fan-out's cost grows with the masters
+// by a goroutine each, not two and a timer each.
 func (q *quorum) fanOut(ctx context.Context, f func(ctx context.Context, m *member) (any, error), late func(m *member, v any, err error)) <-chan vote {
-	out := make(chan vote, len(q.members))
-	for i, m := range q.members {
-		go func() {
-			nctx, cancel := context.WithTimeout(ctx, q.node)
-			defer cancel()
-			var l func(any, error)
-			if late != nil {
-				l = func(v any, err error) { late(m, v, err) }
+	return q.fanOutDone(ctx, f, late, nil)
+}
+
+// fanOutDone is fanOut that also closes done[i] once master i's vote is
+// delivered (done nil: none).
+func (q *quorum) fanOutDone(ctx context.Context, f func(ctx context.Context, m *member) (any, error), late func(m *member, v any, err error), done []chan struct{}) <-chan vote {
+	n := len(q.members)
+	out := make(chan vote, n)
+	nctx, cancel := context.WithTimeout(ctx, q.node)
+	// voted[i]: master i's vote is delivered (by its goroutine, or as a
+	// timeout when nctx ends first); exactly one of the two does it.
+	voted := make([]atomic.Bool, n)
+	deliver := func(v vote) {
+		out <- v
+		if done != nil {
+			close(done[v.i])
+		}
+	}
+	timeout := context.AfterFunc(nctx, func() {
+		for i := range voted {
+			if voted[i].CompareAndSwap(false, true) {
+				deliver(vote{i, nil, nctx.Err()})
 			}
-			v, err := m.c.aside(nctx, func(ctx context.Context) (any, error) { return f(ctx, m) }, l)
-			out <- vote{i, v, err}
-		}()
+		}
+	})
+	end := func() { timeout(); cancel() } // when the last request has returned
+	var running atomic.Int32
+	running.Store(int32(n))
+	for i, m := range q.members {
+		work := func() {
+			v, err := f(nctx, m)
+			if voted[i].CompareAndSwap(false, true) {
+				deliver(vote{i, v, err})
+			} else if late != nil {
+				late(m, v, err)
+			}
+			if running.Add(-1) == 0 {
+				end()
+			}
+		}
+		if !m.c.goBg(work) { // the Client is closing: Close does not wait for it
+			go work()
+		}
 	}
 	return out
 }
@@ -229,7 +267,11 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	lk := h.lk
 	r.sent = h.c.sendTime()
 	delay := formatMillis(q.delay)
-	votes := q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
+	done := make([]chan struct{}, len(q.members))
+	for i := range done {
+		done[i] = make(chan struct{})
+	}
+	votes := q.fanOutDone(ctx, func(ctx context.Context, m *member) (any, error) {
 		if !m.certified.Load() {
 			if err := q.certify(ctx, m); err != nil {
 				return nil, err
@@ -242,7 +284,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		if granting(v, err) {
 			q.dropLater(lk, m, h.token)
 		}
-	})
+	}, done)
 	n := len(q.members)
 	granted := make(map[int]uint64, n)
 	var doubt, held, refused int // refused: no vote (restarting) or a bad reply
@@ -290,6 +332,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		fence, ok := q.raise(ctx, h, granted)
 		if ok && time.Now().Before(validUntil(r.sent, lk.ttl)) {
 			r.ok, r.fence = true, fence
+			h.acqDone = done
 			return r, false, nil
 		}
 		why := "its validity ran out while the masters answered"
@@ -437,14 +480,38 @@ func (q *quorum) releaseOn(ctx context.Context, m *member, lk *lock, token, fenc
 // h's (masters that failed keep it until its TTL, and do not make a
 // majority that could grant it to someone else less likely than a master
 // down would), not the owner if a majority said so, and an error if too
-// few answered to tell.
+// few answered to tell. It returns as soon as the answer is decided (a
+// majority said the same): the answers still to come cannot change it, and
+// the requests to the slower masters go on in the background, bounded by
+// the per-master timeout and not by ctx (Close waits for them), so a
+// master down costs the caller nothing.
 func (q *quorum) release(ctx context.Context, h *holding) (any, error) {
-	votes := q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
+	votes := q.fanOut(context.WithoutCancel(ctx), func(ctx context.Context, m *member) (any, error) {
+		if h.acqDone != nil {
+			// The acquire returned with a majority, while this master's
+			// request may not have run yet (or even been sent): on
+			// another connection the release could run first and leave
+			// its grant to its TTL. A reply after the timeout is given
+			// back by the acquire's late handler.
+			select {
+			case <-h.acqDone[m.idx]:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 		return q.releaseOn(ctx, m, h.lk, h.token, h.fenceStr)
-	}, nil))
-	var ok, no int
+	}, nil)
+	var ok, no, got int
 	var firstErr error
-	for _, v := range votes {
+collect:
+	for ; got < len(q.members) && ok < q.maj && no < q.maj; got++ {
+		var v vote
+		select {
+		case v = <-votes:
+		case <-ctx.Done():
+			firstErr = cmp(firstErr, ctx.Err())
+			break collect
+		}
 		code, _ := v.v.(int64)
 		switch {
 		case v.err != nil:
@@ -458,7 +525,7 @@ func (q *quorum) release(ctx context.Context, h *holding) (any, error) {
 	switch {
 	case no >= q.maj:
 		return int64(wire.ReleaseNotOwner), nil
-	case ok+no >= q.maj || ok > 0 && firstErr == nil:
+	case ok+no >= q.maj || ok > 0 && firstErr == nil && got == len(q.members):
 		return int64(wire.ReleaseFreed), nil
 	}
 	return nil, fmt.Errorf("release: %d of %d masters answered: %w", ok+no, len(q.members), firstErr)

@@ -100,9 +100,40 @@ func TestQuorumMutexBasics(t *testing.T) {
 	if err := l2.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Unlock returns once a majority released; Close waits for the
+	// releases still on their way to the others.
+	_ = b.Close()
 	for _, s := range servers {
 		if o := s.Do(t, "hget", "dlock:{basics}", "o"); o != nil {
 			t.Fatalf("owner %v left after unlock", o)
+		}
+	}
+}
+
+// TestQuorumUnlockLeavesNoGrant: Lock returns once a majority granted,
+// while the other masters' acquires may not have run yet; the release
+// must not overtake them (on other connections), or their grants stay
+// until the TTL and a later Lock with a master down finds no majority.
+// Serial cycles make the overtaking likely; after them no master may name
+// an owner.
+func TestQuorumUnlockLeavesNoGrant(t *testing.T) {
+	ctx := ctxT(t, 60*time.Second)
+	servers, rdbs := quorumMasters(t, 5)
+	c := newQuorum(t, rdbs)
+	m := c.Mutex("overtaken")
+	for range 1000 {
+		l, err := m.Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = c.Close() // waits for the releases still on their way
+	for i, s := range servers {
+		if o := s.Do(t, "hget", "dlock:{overtaken}", "o"); o != nil {
+			t.Errorf("master %d: owner %v left after every lease was unlocked", i, o)
 		}
 	}
 }
