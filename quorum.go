@@ -287,22 +287,22 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	}, done)
 	n := len(q.members)
 	granted := make(map[int]uint64, n)
-	var doubt, held, refused int // refused: no vote (restarting) or a bad reply
+	var held, refused int // refused: no vote (restarting) or a bad reply
+	var unsure []int      // masters whose outcome is unknown (no answer in time, or an error)
 	var firstErr error
 	var left time.Duration
 	got := 0
-	for ; got < n && len(granted) < q.maj && n-held-refused-doubt >= q.maj; got++ {
+	for ; got < n && len(granted) < q.maj && n-held-refused-len(unsure) >= q.maj; got++ {
 		v := <-votes
 		a, _ := v.v.([]any)
 		switch {
 		case v.err != nil:
 			if isForeign(v.err) {
-				q.drain(votes, n-got-1)
-				q.give(ctx, h)
+				q.give(ctx, h, q.drain(votes, n-got-1, granted, unsure))
 				return r, false, lk.kindErr(v.err)
 			}
 			firstErr = cmp(firstErr, v.err)
-			doubt++
+			unsure = append(unsure, v.i)
 		case len(a) < 2:
 			firstErr = cmp(firstErr, fmt.Errorf("unexpected acquire reply %v", v.v))
 			refused++
@@ -323,7 +323,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 			held++
 		}
 	}
-	if doubt > 0 {
+	if len(unsure) > 0 {
 		h.acqDoubt = true // it may yet run, with the lock's TTL
 	}
 	if len(granted) >= q.maj {
@@ -339,16 +339,14 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		if !ok {
 			why = "its fence could not be raised on a majority"
 		}
-		q.drain(votes, n-got)
-		q.give(ctx, h)
+		q.give(ctx, h, q.drain(votes, n-got, granted, unsure))
 		return r, true, fmt.Errorf("acquire: %d of %d masters granted, but %s", len(granted), n, why)
 	}
 	// No majority: wait for the rest (bounded by the per-master timeout),
 	// so that everything it granted is given back.
-	doubt += q.drain(votes, n-got)
-	if len(granted)+doubt > 0 {
-		q.give(ctx, h)
-	}
+	g := q.drain(votes, n-got, granted, unsure)
+	q.give(ctx, h, g)
+	doubt := len(g.unsure)
 	if held > 0 {
 		r.left = left
 		return r, held < q.maj, nil
@@ -366,12 +364,24 @@ func granting(v any, err error) bool {
 	return err != nil || ok && len(a) >= 2 && a[0] == int64(1)
 }
 
-// drain waits for the last k votes and returns how many granted or may have.
-func (q *quorum) drain(votes <-chan vote, k int) int {
-	g := 0
+// grants are the masters an acquire took the lock on (sure) and those
+// whose outcome is unknown (unsure).
+type grants struct{ sure, unsure []int }
+
+// drain waits for the last k votes and returns the masters that granted
+// (those in granted, and those whose vote grants) and those in doubt
+// (unsure, and those whose vote is an error).
+func (q *quorum) drain(votes <-chan vote, k int, granted map[int]uint64, unsure []int) grants {
+	g := grants{unsure: unsure}
+	for i := range granted {
+		g.sure = append(g.sure, i)
+	}
 	for range k {
-		if v := <-votes; granting(v.v, v.err) {
-			g++
+		switch v := <-votes; {
+		case v.err != nil:
+			g.unsure = append(g.unsure, v.i)
+		case granting(v.v, nil):
+			g.sure = append(g.sure, v.i)
 		}
 	}
 	return g
@@ -442,17 +452,33 @@ func (q *quorum) raise(ctx context.Context, h *holding, granted map[int]uint64) 
 // a majority has it, which the proof needs).
 const raiseAll = true
 
-// give gives back what h's failed attempt took, on every master (by
-// token: a master that did not grant is not touched).
-func (q *quorum) give(ctx context.Context, h *holding) {
-	q.dropAll(ctx, h.lk, h.token)
+// give gives back what h's failed attempt took: on the masters that
+// granted, waiting for their answers, and in the background on those whose
+// outcome is unknown (they did not answer in time: waiting for them again
+// would add their timeout to the caller's wait, and a grant of theirs that
+// comes later is given back by the acquire's late handler all the same).
+func (q *quorum) give(ctx context.Context, h *holding, g grants) {
+	for _, i := range g.unsure {
+		q.dropLater(h.lk, q.members[i], h.token)
+	}
+	if len(g.sure) > 0 {
+		q.dropOn(ctx, h.lk, h.token, g.sure)
+	}
 }
 
 // dropAll releases token's lock on every master without waking waiters
 // (the payload 0 is below every fence a waiter saw: see join). Masters
 // that cannot be reached keep it until its TTL.
 func (q *quorum) dropAll(ctx context.Context, lk *lock, token string) {
+	q.dropOn(ctx, lk, token, nil)
+}
+
+// dropOn is dropAll on the masters in only (nil: all).
+func (q *quorum) dropOn(ctx context.Context, lk *lock, token string, only []int) {
 	_ = q.all(q.fanOut(context.WithoutCancel(ctx), func(ctx context.Context, m *member) (any, error) {
+		if only != nil && !slices.Contains(only, m.idx) {
+			return nil, nil
+		}
 		return q.releaseOn(ctx, m, lk, token, "0")
 	}, nil))
 }

@@ -137,3 +137,26 @@ func TestQuorumUnlockLeavesNoGrant(t *testing.T) {
 		}
 	}
 }
+
+// TestQuorumTryLockNoMajorityGivesBack: with 3 of 5 masters down a TryLock
+// fails, and the 2 live masters that granted are released before it
+// returns (those down are released in the background).
+func TestQuorumTryLockNoMajorityGivesBack(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 5)
+	for _, s := range servers[2:] {
+		s.Kill()
+	}
+	c := newQuorum(t, rdbs, dlock.WithNodeTimeout(20*time.Millisecond))
+	for range 5 {
+		if l, err := c.Mutex("partial").TryLock(ctx); err == nil {
+			_ = l.Unlock(ctx)
+			t.Fatal("TryLock obtained a lock on 2 of 5 masters")
+		}
+		for i, s := range servers[:2] {
+			if o := s.Do(t, "hget", "dlock:{partial}", "o"); o != nil {
+				t.Fatalf("live master %d: owner %v left by a failed TryLock", i, o)
+			}
+		}
+	}
+}
