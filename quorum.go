@@ -761,12 +761,17 @@ func (q *quorum) lock(ctx context.Context, lk *lock) (*Lease, error) {
 	}
 	lc, w, ready := q.join(lk, h)
 	defer q.leave(lc, w)
+	// One bound for every master's subscription (as awaitSubscribed): a
+	// master down never confirms, and the wait goes on without it.
 	bound := time.NewTimer(subscribeWait)
+subscribed:
 	for _, ch := range ready {
 		select {
 		case <-ch:
 		case <-bound.C:
+			break subscribed
 		case <-ctx.Done():
+			break subscribed
 		}
 	}
 	bound.Stop()

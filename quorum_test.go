@@ -160,3 +160,33 @@ func TestQuorumTryLockNoMajorityGivesBack(t *testing.T) {
 		}
 	}
 }
+
+// TestQuorumLockWaitsWithMastersDown: a Lock that has to wait, with 2 of 5
+// masters down, gets the lock when the holder unlocks. Its wait for the
+// masters' subscriptions is bounded once for all: the down masters never
+// confirm theirs, and a bound that ended the wait for the first of them
+// only left the Lock waiting for the second until its ctx ended.
+func TestQuorumLockWaitsWithMastersDown(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 5)
+	for _, s := range servers[3:] {
+		s.Kill()
+	}
+	a, b := newQuorum(t, rdbs), newQuorum(t, rdbs)
+	l, err := a.Mutex("down").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	got := async(t, wctx, b.Mutex("down").Lock)
+	time.Sleep(100 * time.Millisecond)
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := got()
+	if err != nil {
+		t.Fatalf("the waiter, after the holder unlocked: %v", err)
+	}
+	_ = l2.Unlock(ctx)
+}
