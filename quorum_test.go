@@ -16,7 +16,7 @@ import (
 // quorumMasters starts n independent masters whose data the test knows to
 // be new: their epoch keys are set to long ago, so they vote at once (a
 // master's first use otherwise waits out the restart delay).
-func quorumMasters(t *testing.T, n int, opts ...redistest.Options) ([]*redistest.Server, []redis.UniversalClient) {
+func quorumMasters(t testing.TB, n int, opts ...redistest.Options) ([]*redistest.Server, []redis.UniversalClient) {
 	t.Helper()
 	servers := redistest.Masters(t, n, opts...)
 	rdbs := make([]redis.UniversalClient, n)
@@ -28,7 +28,7 @@ func quorumMasters(t *testing.T, n int, opts ...redistest.Options) ([]*redistest
 }
 
 // certifyOld lets s vote at once (it is new: see redistest.SetOldEpoch).
-func certifyOld(t *testing.T, s *redistest.Server) { t.Helper(); s.SetOldEpoch(t, "dlock:epoch") }
+func certifyOld(t testing.TB, s *redistest.Server) { t.Helper(); s.SetOldEpoch(t, "dlock:epoch") }
 
 func newQuorum(t *testing.T, rdbs []redis.UniversalClient, opts ...dlock.Option) *dlock.Client {
 	t.Helper()
@@ -99,6 +99,9 @@ func TestQuorumMutexBasics(t *testing.T) {
 	if err := l2.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Unlock returns once a majority released; Close waits for the
+	// releases still on their way to the others.
+	_ = b.Close()
 	for _, s := range servers {
 		if o := s.Do(t, "hget", "dlock:{basics}", "o"); o != nil {
 			t.Fatalf("owner %v left after unlock", o)
@@ -210,7 +213,7 @@ func TestQuorumFenceAfterMajorityMissesLargest(t *testing.T) {
 	servers, rdbs := quorumMasters(t, 5)
 	const big = "9000000000000000"
 	servers[2].Do(t, "hset", "dlock:{fenced}", "f", big)
-	without := func(skip ...int) []redis.UniversalClient { return deadMasters(t, rdbs, skip...) }
+	without := func(skip ...int) []redis.UniversalClient { return downMasters(t, rdbs, skip...) }
 	first := newQuorum(t, without(3, 4)) // its majority: masters 0, 1, 2
 	l, err := first.Mutex("fenced").Lock(ctx)
 	if err != nil {
@@ -235,24 +238,13 @@ func TestQuorumFenceAfterMajorityMissesLargest(t *testing.T) {
 	}
 }
 
-// deadMasters returns rdbs with the masters at skip replaced by clients of
-// ports where nothing listens (1 to 5): masters this Client cannot reach.
-func deadMasters(t *testing.T, rdbs []redis.UniversalClient, skip ...int) []redis.UniversalClient {
-	out := append([]redis.UniversalClient(nil), rdbs...)
-	for _, i := range skip {
-		out[i] = redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(i+1), MaxRetries: -1, DisableIdentity: true})
-		t.Cleanup(func() { _ = out[i].Close() })
-	}
-	return out
-}
-
 // TestQuorumMinorityIsNotEnough: with the lock held on masters 0-2, a
 // contender that gets masters 3 and 4 has no majority: not obtained, and
 // what it took on 3 and 4 is given back.
 func TestQuorumMinorityIsNotEnough(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 	servers, rdbs := quorumMasters(t, 5)
-	holder := newQuorum(t, deadMasters(t, rdbs, 3, 4))
+	holder := newQuorum(t, downMasters(t, rdbs, 3, 4))
 	l, err := holder.Mutex("split").Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -299,4 +291,85 @@ func TestQuorumRenewalNeedsMajority(t *testing.T) {
 	if err := l.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
 		t.Fatalf("Unlock of a lost lease: %v", err)
 	}
+}
+
+// TestQuorumUnlockLeavesNoGrant: Lock returns once a majority granted,
+// while the other masters' acquires may not have run yet; the release
+// must not overtake them (on other connections), or their grants stay
+// until the TTL and a later Lock with a master down finds no majority.
+// Serial cycles make the overtaking likely; after them no master may name
+// an owner.
+func TestQuorumUnlockLeavesNoGrant(t *testing.T) {
+	ctx := ctxT(t, 60*time.Second)
+	servers, rdbs := quorumMasters(t, 5)
+	c := newQuorum(t, rdbs)
+	m := c.Mutex("overtaken")
+	for range 1000 {
+		l, err := m.Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = c.Close() // waits for the releases still on their way
+	for i, s := range servers {
+		if o := s.Do(t, "hget", "dlock:{overtaken}", "o"); o != nil {
+			t.Errorf("master %d: owner %v left after every lease was unlocked", i, o)
+		}
+	}
+}
+
+// TestQuorumTryLockNoMajorityGivesBack: with 3 of 5 masters down a TryLock
+// fails, and the 2 live masters that granted are released before it
+// returns (those down are released in the background).
+func TestQuorumTryLockNoMajorityGivesBack(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 5)
+	for _, s := range servers[2:] {
+		s.Kill()
+	}
+	c := newQuorum(t, rdbs, dlock.WithNodeTimeout(20*time.Millisecond))
+	for range 5 {
+		if l, err := c.Mutex("partial").TryLock(ctx); err == nil {
+			_ = l.Unlock(ctx)
+			t.Fatal("TryLock obtained a lock on 2 of 5 masters")
+		}
+		for i, s := range servers[:2] {
+			if o := s.Do(t, "hget", "dlock:{partial}", "o"); o != nil {
+				t.Fatalf("live master %d: owner %v left by a failed TryLock", i, o)
+			}
+		}
+	}
+}
+
+// TestQuorumLockWaitsWithMastersDown: a Lock that has to wait, with 2 of 5
+// masters down, gets the lock when the holder unlocks. Its wait for the
+// masters' subscriptions is bounded once for all: the down masters never
+// confirm theirs, and a bound that ended the wait for the first of them
+// only left the Lock waiting for the second until its ctx ended.
+func TestQuorumLockWaitsWithMastersDown(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 5)
+	for _, s := range servers[3:] {
+		s.Kill()
+	}
+	a, b := newQuorum(t, rdbs), newQuorum(t, rdbs)
+	l, err := a.Mutex("down").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	got := async(t, wctx, b.Mutex("down").Lock)
+	time.Sleep(100 * time.Millisecond)
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := got()
+	if err != nil {
+		t.Fatalf("the waiter, after the holder unlocked: %v", err)
+	}
+	_ = l2.Unlock(ctx)
 }

@@ -97,9 +97,9 @@ func TestReviewQuorumRetryKeepsItsGrant(t *testing.T) {
 
 // downMasters returns rdbs with the masters at skip replaced by clients of
 // a proxy that resets every connection: masters this Client cannot reach.
-// (deadMasters' refused dials make go-redis retry dialling in the
-// background for a second after its client closed, which goleak sees when
-// a test runs alone.)
+// (Refused dials would make go-redis retry dialling in the background for
+// a second after its client closed, which goleak sees when a test runs
+// alone.)
 func downMasters(t *testing.T, rdbs []redis.UniversalClient, skip ...int) []redis.UniversalClient {
 	t.Helper()
 	out := append([]redis.UniversalClient(nil), rdbs...)

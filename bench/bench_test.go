@@ -242,3 +242,35 @@ func TestMarshalIndentNaN(t *testing.T) {
 		t.Fatalf("got %s, want %s", c.String(), want)
 	}
 }
+
+// TestSummarizeQuorum checks the quorum medians and the per-round ratio to
+// the same implementation on one master.
+func TestSummarizeQuorum(t *testing.T) {
+	runs := []quorumRun{
+		{Impl: "a", Config: "1", Round: 1, P50Micros: 100, MaxMicros: 300},
+		{Impl: "a", Config: "5", Round: 1, P50Micros: 150, MaxMicros: 900},
+		{Impl: "a", Config: "1", Round: 2, P50Micros: 200, MaxMicros: 400},
+		{Impl: "a", Config: "5", Round: 2, P50Micros: 500, MaxMicros: 700, Errors: 1},
+		{Impl: "a", Config: "5", Round: 3, P50Micros: 400, MaxMicros: 800},
+		{Impl: "a", Config: "1", Round: 3, P50Micros: 100, MaxMicros: 200},
+		{Impl: "a", Config: "5", Round: 4, P50Micros: 50, MaxMicros: 50}, // no one-master run that round
+		{Impl: "b", Config: "5", Round: 1, P50Micros: 100, OwnersLeft: 2},
+	}
+	got := summarizeQuorum(runs)
+	if len(got) != 3 || got[0].Config != "1" || got[1].Config != "5" || got[2].Impl != "b" {
+		t.Fatalf("summaries %+v", got)
+	}
+	a5 := got[1]
+	if a5.Rounds != 4 || a5.P50Micros != 275 || a5.MaxMicros != 750 || a5.WorstMax != 900 || a5.Errors != 1 {
+		t.Fatalf("a on 5: %+v", a5)
+	}
+	if a5.RatioToOne != 2.5 { // median of 1.5, 2.5 and 4 (round 4 has no one-master run)
+		t.Fatalf("ratio %v, want 2.5", a5.RatioToOne)
+	}
+	if got[0].RatioToOne != 1 || !math.IsNaN(got[2].RatioToOne) || got[2].OwnersLeft != 2 {
+		t.Fatalf("one master %+v, b %+v", got[0], got[2])
+	}
+	if s := quorumSlug("5, 2 blackholed"); s != "5-2blackholed" {
+		t.Fatalf("slug %q", s)
+	}
+}

@@ -48,6 +48,9 @@ type impl struct {
 	// above all how it waits on a held lock.
 	settings func(e *env) string
 	open     func(e *env) (locker, error)
+	// quorum opens it on several masters (the quorum scenario); nil: it
+	// cannot.
+	quorum *quorumImpl
 }
 
 var registry = map[string]*impl{}

@@ -8,8 +8,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/redis/go-redis/v9"
 )
 
 func init() {
@@ -19,7 +21,8 @@ func init() {
 		settings: func(e *env) string {
 			return fmt.Sprintf("dlock.New(shared go-redis client); Client.Mutex(key, dlock.TTL(%v)) per lock, defaults otherwise (watchdog renewal every TTL/3, local FIFO queue whose head waits in the line at Redis and is handed the lock by the release; a holder passes the lock to its own Client's waiters queued when its turn began, recorded at Redis a round trip later); Lock(ctx) waits until ctx ends", e.ttl)
 		},
-		open: func(e *env) (locker, error) { return openDlock(e) },
+		open:   func(e *env) (locker, error) { return openDlock(e) },
+		quorum: dlockQuorum,
 	})
 	register(&impl{
 		name:  "dlock-norenew",
@@ -62,6 +65,38 @@ type (
 	semSide struct{}
 )
 
+// dlockQuorum runs dlock on several masters: dlock.New on one,
+// dlock.NewQuorum with WithNodeTimeout on more, go-redis default options.
+var dlockQuorum = &quorumImpl{
+	settings: func(e *env, node time.Duration) string {
+		return fmt.Sprintf("dlock.New(master) on one master, dlock.NewQuorum(masters, dlock.WithNodeTimeout(%v)) on more, each master a go-redis client with default options; Client.Mutex(key, dlock.TTL(%v)) per lock, Lock/TryLock, Unlock", node, e.ttl)
+	},
+	open: func(e *env, rdbs []*redis.Client, node time.Duration) (tryLocker, error) {
+		if len(rdbs) == 1 {
+			return openDlockOn(e, dlock.New(rdbs[0]))
+		}
+		us := make([]redis.UniversalClient, len(rdbs))
+		for i, r := range rdbs {
+			us[i] = r
+		}
+		c, err := dlock.NewQuorum(us, dlock.WithNodeTimeout(node))
+		if err != nil {
+			return nil, err
+		}
+		return openDlockOn(e, c)
+	},
+	// The bench's masters are new: a quorum master votes only once its
+	// data is older than the restart delay (its epoch key says when the
+	// data began). Set it to long ago, as a master up for a while has it.
+	prepare: func(ctx context.Context, rdb *redis.Client) error {
+		return rdb.Set(ctx, "dlock:epoch", 0, 0).Err()
+	},
+	held: func(ctx context.Context, rdb *redis.Client, key string) (bool, error) {
+		n, err := rdb.HExists(ctx, "dlock:{"+key+"}", "o").Result()
+		return n, err
+	},
+}
+
 type dlockLocker struct {
 	c    *dlock.Client
 	opts []dlock.LockOption
@@ -69,7 +104,12 @@ type dlockLocker struct {
 }
 
 func openDlock(e *env, extra ...any) (*dlockLocker, error) {
-	l := &dlockLocker{c: dlock.New(e.rdb), opts: []dlock.LockOption{dlock.TTL(e.ttl)}}
+	return openDlockOn(e, dlock.New(e.rdb), extra...)
+}
+
+// openDlockOn is openDlock with a Client of its own.
+func openDlockOn(e *env, c *dlock.Client, extra ...any) (*dlockLocker, error) {
+	l := &dlockLocker{c: c, opts: []dlock.LockOption{dlock.TTL(e.ttl)}}
 	for _, x := range extra {
 		if o, ok := x.(dlock.LockOption); ok {
 			l.opts = append(l.opts, o)
@@ -102,3 +142,12 @@ func (l *dlockLocker) Lock(ctx context.Context, key string) (held, error) {
 }
 
 func (h dlockHeld) Unlock(ctx context.Context) error { return h.l.Unlock(ctx) }
+
+// TryLock tries the Mutex once (the quorum scenario).
+func (l *dlockLocker) TryLock(ctx context.Context, key string) (held, error) {
+	lease, err := l.c.Mutex(key, l.opts...).TryLock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return dlockHeld{lease}, nil
+}

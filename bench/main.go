@@ -17,6 +17,11 @@
 //     OS processes (this binary re-executed with -worker); hand-offs/s,
 //     efficiency = hand-offs/s × (measured hold + PING RTT), waits, and the
 //     longest wait against the bound (W−1) × (hold + RTT).
+//   - quorum: five private masters; one goroutine's lock+unlock on one of
+//     them, on all five, and on five with two killed or blackholed
+//     (percentiles, ratio to one master, CPU per cycle of this process and
+//     of the masters); TryLock with three of five down (time against the
+//     per-master timeout, owners left on the live masters).
 //
 // Every implementation runs in every round, in an order rotated per round
 // (interleaved), and the tables show medians over rounds. Unless -redis is
@@ -61,6 +66,11 @@ type options struct {
 	settle      time.Duration
 	tail        time.Duration
 	allocCycles int
+	// Quorum scenario.
+	quorumImpls  []*impl
+	quorumCycles int
+	nodeTimeout  time.Duration
+	tryAttempts  int
 }
 
 func main() {
@@ -79,8 +89,8 @@ func main() {
 
 func parseFlags() (*options, error) {
 	o := &options{}
-	var waiters, impls, hotImpls string
-	flag.StringVar(&o.scenario, "scenario", "all", "uncontended, hotkey or all")
+	var waiters, impls, hotImpls, quorumImpls string
+	flag.StringVar(&o.scenario, "scenario", "all", "uncontended, hotkey, all (both) or quorum")
 	flag.DurationVar(&o.duration, "duration", 5*time.Second, "length of one measured run (uncontended; hotkey too unless -hot-duration)")
 	flag.DurationVar(&o.hotDuration, "hot-duration", 0, "counted window of one hot-key run (default: -duration)")
 	flag.IntVar(&o.rounds, "rounds", 5, "rounds; every implementation runs once per round, interleaved; medians are reported")
@@ -102,14 +112,18 @@ func parseFlags() (*options, error) {
 	flag.DurationVar(&o.settle, "settle", 250*time.Millisecond, "hot-key: uncounted time after the common start")
 	flag.DurationVar(&o.tail, "tail", 2*time.Second, "hot-key: load after the counted window, so late requests are served under full contention")
 	flag.IntVar(&o.allocCycles, "alloc-cycles", 2000, "lock+unlock cycles of the single-goroutine allocation pass (bounded to 3s)")
+	flag.StringVar(&quorumImpls, "quorum-impls", "dlock,redsync", "quorum: implementations that run on several masters")
+	flag.IntVar(&o.quorumCycles, "quorum-cycles", 2000, "quorum: serial lock+unlock cycles per run (bounded by -duration)")
+	flag.DurationVar(&o.nodeTimeout, "node-timeout", 50*time.Millisecond, "quorum: per-master request timeout")
+	flag.IntVar(&o.tryAttempts, "try-attempts", 20, "quorum: TryLocks per run with 3 of 5 masters down")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", flag.Args())
 	}
 	switch o.scenario {
-	case "uncontended", "hotkey", "all":
+	case "uncontended", "hotkey", "all", "quorum":
 	default:
-		return nil, fmt.Errorf("-scenario must be uncontended, hotkey or all, not %q", o.scenario)
+		return nil, fmt.Errorf("-scenario must be uncontended, hotkey, all or quorum, not %q", o.scenario)
 	}
 	if o.hotDuration == 0 {
 		o.hotDuration = o.duration
@@ -119,6 +133,9 @@ func parseFlags() (*options, error) {
 	}
 	if o.rounds < 1 || o.hotRounds < 1 || o.duration <= 0 || o.hotDuration <= 0 || o.goroutines < 1 || o.procs < 1 {
 		return nil, fmt.Errorf("-rounds, -duration, -goroutines and -procs must be positive")
+	}
+	if o.quorumCycles < 1 || o.quorumCycles > 1_000_000 || o.tryAttempts < 1 || o.tryAttempts > 1000 || o.nodeTimeout < time.Millisecond || o.nodeTimeout > 10*time.Second {
+		return nil, fmt.Errorf("-quorum-cycles must be in 1..1000000, -try-attempts in 1..1000, -node-timeout in 1ms..10s")
 	}
 	if o.duration > 10*time.Minute || o.hotDuration > 10*time.Minute || o.rounds > 100 || o.hotRounds > 100 {
 		return nil, fmt.Errorf("runs are bounded: -duration at most 10m, -rounds at most 100")
@@ -135,6 +152,14 @@ func parseFlags() (*options, error) {
 		return nil, err
 	}
 	o.hotImpls = o.impls
+	if o.quorumImpls, err = parseImpls(quorumImpls); err != nil {
+		return nil, err
+	}
+	for _, im := range o.quorumImpls {
+		if im.quorum == nil {
+			return nil, fmt.Errorf("-quorum-impls: %s does not run on several masters", im.name)
+		}
+	}
 	if hotImpls != "" {
 		if o.hotImpls, err = parseImpls(hotImpls); err != nil {
 			return nil, err
@@ -183,11 +208,18 @@ func run() error {
 			Settle: o.settle.String(), Tail: o.tail.String(), AllocCycles: o.allocCycles,
 		},
 	}
-	for _, list := range [][]*impl{o.impls, o.hotImpls} {
+	lists := [][]*impl{o.impls, o.hotImpls}
+	if o.scenario == "quorum" {
+		lists = [][]*impl{o.quorumImpls}
+	}
+	for _, list := range lists {
 		for _, im := range list {
 			if _, dup := rep.Settings[im.name]; !dup {
 				rep.Impls = append(rep.Impls, im.name)
 				rep.Settings[im.name] = im.settings(e)
+				if o.scenario == "quorum" {
+					rep.Settings[im.name] = im.quorum.settings(e, o.nodeTimeout)
+				}
 			}
 		}
 	}
@@ -195,12 +227,17 @@ func run() error {
 	rep.SleepOvershoot = sleepStats{Sleep: o.hold.String(), P50Micros: p50 / 1e3, P99Micros: p99 / 1e3}
 	logf("time.Sleep(%v) overshoot, idle: p50 %.0fµs p99 %.0fµs", o.hold, p50/1e3, p99/1e3)
 
-	if o.scenario != "hotkey" {
+	if o.scenario == "quorum" {
+		if err := quorumScenario(o, e, rep); err != nil {
+			return err
+		}
+	}
+	if o.scenario == "uncontended" || o.scenario == "all" {
 		if err := uncontendedScenario(o, e, rep); err != nil {
 			return err
 		}
 	}
-	if o.scenario != "uncontended" {
+	if o.scenario == "hotkey" || o.scenario == "all" {
 		if err := hotkeyScenario(o, e, url, rep); err != nil {
 			return err
 		}

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 	"strings"
+	"time"
 )
 
 type reportConfig struct {
@@ -24,6 +26,10 @@ type reportConfig struct {
 	Settle      string `json:"settle"`
 	Tail        string `json:"tail"`
 	AllocCycles int    `json:"alloc_cycles"`
+	// Quorum scenario.
+	QuorumCycles int    `json:"quorum_cycles,omitempty"`
+	NodeTimeout  string `json:"node_timeout,omitempty"`
+	TryAttempts  int    `json:"try_attempts,omitempty"`
 }
 
 type sleepStats struct {
@@ -79,9 +85,75 @@ type report struct {
 	Hotkey             []hotkeyRun          `json:"hotkey_runs,omitempty"`
 	UncontendedMedians []uncontendedSummary `json:"uncontended_medians,omitempty"`
 	HotkeyMedians      []hotkeySummary      `json:"hotkey_medians,omitempty"`
+
+	Quorum        []quorumRun     `json:"quorum_runs,omitempty"`
+	QuorumTry     []quorumRun     `json:"quorum_trylock_runs,omitempty"`
+	QuorumMedians []quorumSummary `json:"quorum_medians,omitempty"`
+	TryMedians    []quorumSummary `json:"quorum_trylock_medians,omitempty"`
+}
+
+// quorumSummary is the medians over rounds of one implementation on one
+// set of masters.
+type quorumSummary struct {
+	Impl       string  `json:"impl"`
+	Config     string  `json:"config"`
+	Rounds     int     `json:"rounds"`
+	P50Micros  float64 `json:"p50_us"`
+	P90Micros  float64 `json:"p90_us"`
+	P99Micros  float64 `json:"p99_us"`
+	MaxMicros  float64 `json:"max_us"`   // median of the runs' max
+	WorstMax   float64 `json:"worst_us"` // largest over rounds
+	RatioToOne float64 `json:"ratio_to_one_master"`
+	ClientCPU  float64 `json:"client_cpu_us_per_cycle"`
+	ServersCPU float64 `json:"servers_cpu_us_per_cycle"`
+	Errors     int     `json:"errors"`
+	Obtained   int     `json:"obtained,omitempty"`
+	OwnersLeft int     `json:"owners_left,omitempty"`
+}
+
+// summarizeQuorum takes the medians of runs per implementation and
+// configuration (in the order they first appear); ratio: median of the
+// per-round ratios of p50 to the same implementation's on one master.
+func summarizeQuorum(runs []quorumRun) []quorumSummary {
+	type id struct{ impl, config string }
+	one := map[id]float64{} // {impl, round} → p50 on one master
+	var order []id
+	byID := map[id][]quorumRun{}
+	for _, q := range runs {
+		k := id{q.Impl, q.Config}
+		if _, ok := byID[k]; !ok {
+			order = append(order, k)
+		}
+		byID[k] = append(byID[k], q)
+		if q.Config == "1" {
+			one[id{q.Impl, strconv.Itoa(q.Round)}] = q.P50Micros
+		}
+	}
+	var out []quorumSummary
+	for _, k := range order {
+		s := quorumSummary{Impl: k.impl, Config: k.config}
+		var p50, p90, p99, mx, ratio, ccpu, scpu []float64
+		for _, q := range byID[k] {
+			s.Rounds++
+			s.Errors += q.Errors
+			s.Obtained += q.Obtained
+			s.OwnersLeft += q.OwnersLeft
+			s.WorstMax = math.Max(s.WorstMax, q.MaxMicros)
+			p50, p90, p99, mx = append(p50, q.P50Micros), append(p90, q.P90Micros), append(p99, q.P99Micros), append(mx, q.MaxMicros)
+			ccpu, scpu = append(ccpu, q.ClientCPU), append(scpu, q.ServersCPU)
+			if b, ok := one[id{q.Impl, strconv.Itoa(q.Round)}]; ok && b > 0 {
+				ratio = append(ratio, q.P50Micros/b)
+			}
+		}
+		s.P50Micros, s.P90Micros, s.P99Micros, s.MaxMicros = median(p50), median(p90), median(p99), median(mx)
+		s.RatioToOne, s.ClientCPU, s.ServersCPU = median(ratio), median(ccpu), median(scpu)
+		out = append(out, s)
+	}
+	return out
 }
 
 func (r *report) summarize() {
+	r.QuorumMedians, r.TryMedians = summarizeQuorum(r.Quorum), summarizeQuorum(r.QuorumTry)
 	raw := map[int]float64{} // round → raw cycles/s
 	for _, u := range r.Uncontended {
 		if u.Impl == "raw" {
@@ -157,13 +229,20 @@ func (r *report) writeMarkdown(w io.Writer) {
 		fmt.Fprintf(w, " Source: %s.", m.Tree)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "Every implementation runs once per round, in a rotated order; medians over rounds (%d uncontended, %d hot-key).\n", r.Config.Rounds, r.Config.HotRounds)
+	if r.Config.Scenario == "quorum" {
+		fmt.Fprintf(w, "Every implementation runs on every set of masters once per round, in a rotated order; medians over %d rounds.\n", r.Config.Rounds)
+	} else {
+		fmt.Fprintf(w, "Every implementation runs once per round, in a rotated order; medians over rounds (%d uncontended, %d hot-key).\n", r.Config.Rounds, r.Config.HotRounds)
+	}
 	var loads []float64
 	for _, u := range r.Uncontended {
 		loads = append(loads, u.LoadAvg)
 	}
 	for _, h := range r.Hotkey {
 		loads = append(loads, h.LoadAvg)
+	}
+	for _, q := range append(r.Quorum, r.QuorumTry...) {
+		loads = append(loads, q.LoadAvg)
 	}
 	if len(loads) > 0 {
 		fmt.Fprintf(w, "1-minute load average at the runs' starts: median %.1f, max %.1f (%d CPUs; the bench's own processes count, and so does anything else running).\n",
@@ -200,6 +279,31 @@ func (r *report) writeMarkdown(w io.Writer) {
 			"bound = (waiters−1) × (hold + RTT); worst max: the largest over rounds. hand-off gap: previous holder's Unlock call → next Lock returns. "+
 			"Waits of requests made in the counted window; a request still waiting %s after the window (censored, summed over rounds) counts with its wait so far.\n\n",
 			r.Config.Hold, r.SleepOvershoot.P50Micros, r.SleepOvershoot.P99Micros, r.Config.Tail)
+	}
+	if len(r.QuorumMedians) > 0 {
+		fmt.Fprintf(w, "### Quorum: one goroutine, lock+unlock of one key, %d cycles per run, per-master timeout %s\n\n", r.Config.QuorumCycles, r.Config.NodeTimeout)
+		fmt.Fprintln(w, "| implementation | masters | p50 µs | p90 µs | p99 µs | max µs | p50 × 1 master | client CPU µs/cycle | Redis CPU µs/cycle | errors |")
+		fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, s := range r.QuorumMedians {
+			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %.0f | %.0f | %d |\n",
+				s.Impl, s.Config, s.P50Micros, s.P90Micros, s.P99Micros, s.MaxMicros, ratioStr(s.RatioToOne), s.ClientCPU, s.ServersCPU, s.Errors)
+		}
+		fmt.Fprintln(w, "\nMedians over rounds of each run's percentiles; p50 × 1 master: median of the per-round ratios to the same library on one master. "+
+			"killed: a redis-server that was killed (connection refused); blackholed: a proxy that drops every byte both ways (requests time out). "+
+			"CPU: this process (getrusage, all threads) and the live masters' main threads (/proc/PID/schedstat), per cycle.")
+		fmt.Fprintln(w)
+	}
+	if len(r.TryMedians) > 0 {
+		fmt.Fprintf(w, "### Quorum: TryLock with no live majority, %d attempts per run, per-master timeout %s\n\n", r.Config.TryAttempts, r.Config.NodeTimeout)
+		fmt.Fprintln(w, "| implementation | masters | p50 ms | max ms | worst max ms | worst / per-master timeout | obtained | owners left on live masters |")
+		fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|")
+		for _, s := range r.TryMedians {
+			node, _ := time.ParseDuration(r.Config.NodeTimeout)
+			fmt.Fprintf(w, "| %s | %s | %.1f | %.1f | %.1f | %.2f× | %d | %d |\n",
+				s.Impl, s.Config, s.P50Micros/1e3, s.MaxMicros/1e3, s.WorstMax/1e3, s.WorstMax*1e3/float64(node.Nanoseconds()), s.Obtained, s.OwnersLeft)
+		}
+		fmt.Fprintln(w, "\nowners left: live masters naming an owner of the key right after a failed TryLock, summed over attempts and rounds (must be 0).")
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w, "Settings:")
 	fmt.Fprintln(w)
@@ -241,7 +345,23 @@ func (r *report) benchstat() []byte {
 		fmt.Fprintf(&b, "BenchmarkHotKey/impl=%s/waiters=%d%s\t%d\t%.0f ns/op\t%.1f handoffs/s\t%.4f efficiency\t%.3f wait-p50-ms\t%.3f wait-p99-ms\t%.3f wait-max-ms\t%.3f max-over-bound\n",
 			h.Impl, h.Waiters, procs, h.Handoffs, nsop, h.HandoffsPerSec, h.Efficiency, h.WaitP50MS, h.WaitP99MS, h.WaitMaxMS, h.MaxOverBound)
 	}
+	for _, q := range r.Quorum {
+		if q.Cycles == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "BenchmarkQuorum/impl=%s/masters=%s%s\t%d\t%.0f ns/op\t%.1f p50-µs\t%.1f p99-µs\t%.1f client-cpu-µs/op\t%.1f redis-cpu-µs/op\n",
+			q.Impl, quorumSlug(q.Config), procs, q.Cycles, q.MeanMicros*1e3, q.P50Micros, q.P99Micros, q.ClientCPU, q.ServersCPU)
+	}
+	for _, q := range r.QuorumTry {
+		fmt.Fprintf(&b, "BenchmarkQuorumTryLock/impl=%s/masters=%s%s\t%d\t%.0f ns/op\t%.2f p50-ms\t%.2f max-ms\n",
+			q.Impl, quorumSlug(q.Config), procs, q.Cycles, q.MeanMicros*1e3, q.P50Micros/1e3, q.MaxMicros/1e3)
+	}
 	return b.Bytes()
+}
+
+// quorumSlug is a configuration's benchstat value ("5, 2 killed" → "5-2killed").
+func quorumSlug(name string) string {
+	return strings.NewReplacer(", ", "-", " ", "").Replace(name)
 }
 
 func ratioStr(x float64) string {
