@@ -79,8 +79,9 @@ const quorumSlack = 2 * time.Millisecond
 // carry an epoch key naming the process that holds them and since when,
 // and a master whose key is missing or names another process, or whose
 // process has held its data for less than WithRestartDelay, refuses to
-// vote for the rest of the delay. Every Client of a quorum must use the same restart
-// delay, and no lease may be longer (a TTL or Extend above it is refused).
+// vote for the rest of the delay. Every Client of a quorum must use the
+// same restart delay, and no lease may be longer (a TTL or Extend above it
+// is refused).
 func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
 	cfg := defaultClientConfig()
 	for _, o := range opts {
@@ -369,21 +370,17 @@ func granting(v any, err error) bool {
 	return err != nil || ok && len(a) >= 2 && a[0] == int64(1)
 }
 
-// drain waits for the last k votes and returns how many granted or may have.
-func (q *quorum) drain(votes <-chan vote, k int) int {
-	g := 0
+// drain waits for the last k votes.
+func (q *quorum) drain(votes <-chan vote, k int) {
 	for range k {
-		if v := <-votes; granting(v.v, v.err) {
-			g++
-		}
+		<-votes
 	}
-	return g
 }
 
 // shortErr says why a request had no majority: masters that granted, held
 // by others, refused (restarting) and did not answer.
 func (q *quorum) shortErr(what string, ok, held, refused, unknown int, err error) error {
-	msg := fmt.Sprintf("%s: %d of %d masters granted, %d needed (%d held by others, %d not voting yet after a restart, a failover or as new, %d did not answer)",
+	msg := fmt.Sprintf("%s: %d of %d masters granted, %d needed (%d held by others, %d not voting yet: restarted, failed over or new, %d did not answer)",
 		what, ok, len(q.members), q.maj, held, refused, unknown)
 	if err != nil {
 		return fmt.Errorf("%s: %w", msg, err)
@@ -398,9 +395,9 @@ func cmp(first, err error) error {
 	return err
 }
 
-// raise makes the grant's fence the largest that the granting masters handed out
-// and raises the counter to it on each of them that handed out less. It
-// reports whether a majority now has it.
+// raise makes the grant's fence the largest that the granting masters
+// handed out and raises the counter to it on each of them that handed out
+// less. It reports whether a majority now has it.
 func (q *quorum) raise(ctx context.Context, lk *lock, token string, granted map[int]uint64) (uint64, bool) {
 	var fence uint64
 	for _, f := range granted {
@@ -463,14 +460,19 @@ func (q *quorum) dropAll(ctx context.Context, lk *lock, token string) {
 }
 
 // dropLater releases token's lock on m in the background, within
-// min(TTL, 5s). Once the Client is closing and no goroutine may start, it
-// does so in place (on the member's goroutine, which Close waits for) if
-// granted: m answered that it granted. A master that failed to answer is
-// not waited for then: it is likely unreachable, and Close would wait
-// for its go-redis timeouts.
+// min(TTL, 5s). granted: m answered that it granted. Such a grant is given
+// back even as the Client closes: in place once no goroutine may start (on
+// the member's goroutine, which Close waits for). An unknown outcome, from
+// a master that failed to answer and may well be unreachable, is given
+// back only while the Client lives: Close would wait for its go-redis
+// timeouts.
 func (q *quorum) dropLater(lk *lock, m *member, token string, granted bool) {
+	parent := lk.c.bg
+	if granted {
+		parent = context.Background()
+	}
 	drop := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), min(lk.ttl, 5*time.Second))
+		ctx, cancel := context.WithTimeout(parent, min(lk.ttl, 5*time.Second))
 		defer cancel()
 		_, _ = q.releaseOn(ctx, m, lk, token, "0")
 	}

@@ -213,7 +213,13 @@ func TestReviewQuorumRestartFromOldSnapshot(t *testing.T) {
 // client would now reach it at A's place).
 func TestReviewQuorumFailoverToLaggingReplica(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
-	servers, rdbs := quorumMasters(t, 3)
+	// A full sync at once, not after Redis's wait for more replicas.
+	servers := redistest.Masters(t, 3, redistest.Options{Args: []string{"--repl-diskless-sync-delay", "0"}})
+	rdbs := make([]redis.UniversalClient, len(servers))
+	for i, s := range servers {
+		certifyOld(t, s)
+		rdbs[i] = s.Client(t)
+	}
 	replica, link := redistest.StartReplica(t, servers[0], true)
 	link.Hold(faultproxy.Downstream)               // A's writes from now on do not reach A'
 	first := newQuorum(t, downMasters(t, rdbs, 2)) // A and B
