@@ -618,3 +618,35 @@ func TestWaiterNotStuckBehindRefusedSubscriptions(t *testing.T) {
 	}
 	_ = l.Unlock(ctx)
 }
+
+// TestFault3ReplyPastValidity: an acquire granted at Redis whose reply
+// comes after the lease it granted may have expired is not obtained:
+// TryLock fails and gives the lock back, and a Lock goes on to a grant of
+// its own that is valid when it returns.
+func TestFault3ReplyPastValidity(t *testing.T) {
+	s := redistest.Start(t)
+	const ttl, delay = 500 * time.Millisecond, 700 * time.Millisecond
+	c, in := faultyClient(t, s, faults.Rule{Script: "acquire", Via: faults.Single, Kind: faults.DelayReply, Calls: []int{1, 2}, Min: delay, Max: delay})
+	rdb := s.Client(t)
+	ctx := ctxT(t, 20*time.Second)
+	l, err := c.Mutex("late3", dlock.TTL(ttl)).TryLock(ctx)
+	if err == nil {
+		t.Fatalf("TryLock whose grant's reply came %v after it, past a %v TTL, obtained the lock (context ended: %v)", delay, ttl, l.Context().Err())
+	}
+	if in.Stats()["acquire delay-reply single"] != 1 {
+		t.Fatalf("the acquire's reply was not delayed: %s", in.Summary())
+	}
+	if o := owner(ctx, rdb, "late3"); o != "" {
+		t.Fatalf("the late grant was not given back: owner %q", o)
+	}
+	l, err = c.Mutex("late3", dlock.TTL(ttl)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Context().Err(); err != nil {
+		t.Fatalf("Lock returned a lease that had ended: %v", context.Cause(l.Context()))
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
