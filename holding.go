@@ -86,6 +86,11 @@ type holding struct {
 	contended bool   // obtained after waiting: its release is likely awaited
 	acqDoubt  bool   // an acquire of it had an unknown outcome
 
+	// Quorum mode, under mu: its Lock or TryLock returned without the lock
+	// (quit); a master's late answer left it a grant while it still tried
+	// (kept). See quorum.late.
+	quit, kept bool
+
 	tried time.Time // when the last renewal was sent
 
 	// Watchdog bookkeeping, guarded by c.dog.mu.

@@ -237,10 +237,8 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		}
 		return quorumAcquireScript.run(ctx, m.c.rdb, []string{lk.hash, q.epoch}, h.token, lk.ttlArg, delay)
 	}, func(m *member, v any, err error) {
-		// This master answered after its timeout: give back what it
-		// granted (or may have).
 		if granting(v, err) {
-			q.dropLater(lk, m, h.token)
+			q.late(h, m)
 		}
 	})
 	n := len(q.members)
@@ -314,6 +312,37 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		return r, false, fmt.Errorf("acquire: no master answered: %w", firstErr)
 	}
 	return r, true, q.shortErr("acquire", len(granted), held, refused, doubt, firstErr)
+}
+
+// late deals with a grant (or a possible one) of h's lock by master m in
+// an answer that came after m's timeout, so that no attempt counted it.
+// While h's Lock still tries, or h holds the lock, it is left in place: it
+// is h's own, by token; a later attempt of h counts it (a retry) or gives
+// it back with the rest, Unlock releases it on every master, and if Lock
+// gives up, quit gives it back. Giving it back now could take the master
+// from under a later attempt that counted it, leaving the lease on a
+// minority. Once h has ended, it is given back here.
+func (q *quorum) late(h *holding, m *member) {
+	h.mu.Lock()
+	keep := h.st == waiting && !h.quit || h.st.live()
+	h.kept = h.kept || keep
+	h.mu.Unlock()
+	if !keep {
+		q.dropLater(h.lk, m, h.token)
+	}
+}
+
+// quit ends h's Lock or TryLock that did not obtain the lock: late answers
+// give back what they granted from now on, and what they left to h before
+// is given back now.
+func (q *quorum) quit(ctx context.Context, h *holding) {
+	h.mu.Lock()
+	h.quit = true
+	kept := h.kept
+	h.mu.Unlock()
+	if kept {
+		q.give(ctx, h)
+	}
 }
 
 // granting reports whether an acquire's reply granted the lock, or might
@@ -641,8 +670,9 @@ func (q *quorum) leave(lc *local, w *waiter) {
 }
 
 // try is TryLock in quorum mode.
-func (q *quorum) try(ctx context.Context, lk *lock) (*Lease, error) {
+func (q *quorum) try(ctx context.Context, lk *lock) (l *Lease, err error) {
 	h := lk.newHolding(ctx, 0)
+	defer q.quitUnless(ctx, h, &l)
 	r, _, err := q.acquire(ctx, h)
 	switch {
 	case err != nil:
@@ -656,9 +686,10 @@ func (q *quorum) try(ctx context.Context, lk *lock) (*Lease, error) {
 // lock is Lock in quorum mode: attempts until one wins, woken by releases
 // on any master, each wait bounded by the longest lease a master reported
 // (or a short random one after a split vote).
-func (q *quorum) lock(ctx context.Context, lk *lock) (*Lease, error) {
+func (q *quorum) lock(ctx context.Context, lk *lock) (l *Lease, err error) {
 	c := lk.c
 	h := lk.newHolding(ctx, 0)
+	defer q.quitUnless(ctx, h, &l)
 	r, split, err := q.acquire(ctx, h)
 	switch {
 	case err == nil && r.ok:
@@ -707,6 +738,14 @@ func (q *quorum) lock(ctx context.Context, lk *lock) (*Lease, error) {
 			return nil, nameErr(lk.name, ErrClosed)
 		}
 		r, split, err = q.acquire(ctx, h)
+	}
+}
+
+// quitUnless quits h unless *l is the lease it obtained (deferred by try
+// and lock).
+func (q *quorum) quitUnless(ctx context.Context, h *holding, l **Lease) {
+	if *l == nil {
+		q.quit(ctx, h)
 	}
 }
 

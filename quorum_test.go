@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faults"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -104,5 +105,68 @@ func TestQuorumMutexBasics(t *testing.T) {
 		if o := s.Do(t, "hget", "dlock:{basics}", "o"); o != nil {
 			t.Fatalf("owner %v left after unlock", o)
 		}
+	}
+}
+
+// TestQuorumLateAnswerOfAnEarlierAttempt: a Lock's first attempt fails, and
+// one master's answer to it comes after the per-master timeout; the second
+// attempt, made with the same token, wins with that master in its
+// majority. The late answer must not give back what the second attempt
+// counted: the lease would rest on a minority, and another Client could
+// take the lock while it is believed valid (found by
+// TestInterleavingsQuorum, seed 12345).
+func TestQuorumLateAnswerOfAnEarlierAttempt(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 3)
+	late := time.Second
+	rules := [][]faults.Rule{
+		// The first attempt's answer comes long after the master's timeout.
+		{{Script: "quorum_acquire", Kind: faults.DelaySend, Calls: []int{1}, Min: late}},
+		// The first attempt gets no majority; the second gets one without m2.
+		{{Script: "quorum_acquire", Kind: faults.FailSend, Calls: []int{1}}},
+		{{Script: "quorum_acquire", Kind: faults.FailSend, Calls: []int{2}}},
+	}
+	var faulty []redis.UniversalClient
+	var first *faults.Injector
+	for i, s := range servers {
+		loadScripts(t, rdbs[i].(*redis.Client))
+		in := faults.New(faults.Config{Scripts: engineScripts(t), Rules: rules[i], MaxDelay: 2 * late})
+		if i == 0 {
+			first = in
+		}
+		rdb := s.Client(t)
+		rdb.AddHook(in)
+		faulty = append(faulty, rdb)
+	}
+	a, b := newQuorum(t, faulty), newQuorum(t, rdbs)
+	// A TTL whose first renewal comes well after the late answer.
+	l, err := a.Mutex("late", dlock.TTL(20*time.Second)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Unlock(ctx) }()
+	if !first.WaitInFlight(time.Second, func(faults.Call) bool { return true }) {
+		t.Fatal("the first attempt's call to master 0 is not in flight")
+	}
+	for first.InFlight(func(faults.Call) bool { return true }) {
+		time.Sleep(time.Millisecond)
+	}
+	holders := func() (n int) {
+		for _, s := range servers {
+			if s.Do(t, "hget", "dlock:{late}", "o") == l.Token() {
+				n++
+			}
+		}
+		return n
+	}
+	// What a late answer sets off runs in the background: look for a while.
+	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if n := holders(); n < 2 {
+			t.Errorf("the lease is held on %d of 3 masters after the first attempt's late answer (believed valid: %v)", n, l.Context().Err() == nil)
+			break
+		}
+	}
+	if l2, err := b.Mutex("late").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("another Client's TryLock while the lease is valid (%v): %v, %v", context.Cause(l.Context()), l2, err)
 	}
 }
