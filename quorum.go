@@ -1,14 +1,11 @@
 package dlock
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +40,7 @@ type member struct {
 var (
 	quorumAcquireScript = loadScript(wire.QuorumAcquire)
 	quorumFenceScript   = loadScript(wire.QuorumFence)
+	quorumEpochScript   = loadScript(wire.QuorumEpoch)
 )
 
 // Quorum defaults (see WithNodeTimeout and WithRestartDelay).
@@ -589,50 +587,21 @@ func (q *quorum) extends(ctx context.Context, calls []call) []*redis.Cmd {
 }
 
 // certify sets m's epoch key, if it has none, to when its data began: now
-// less its uptime (INFO), read and written on one connection, so that a
-// restart between the two cannot lend a new master the old one's age.
+// less its uptime (quorum_epoch.lua, which reads both and writes the key
+// in one step). Not through a Conn of m's client: go-redis races with
+// itself when a Conn and its pool set up their first connections at once.
 func (q *quorum) certify(ctx context.Context, m *member) error {
 	m.certMu.Lock()
 	defer m.certMu.Unlock()
 	if m.certified.Load() {
 		return nil
 	}
-	conn := m.rdb.Conn()
-	defer conn.Close()
-	info, err := conn.Info(ctx, "server").Result()
-	if err != nil {
-		return fmt.Errorf("reading the master's uptime: %w", err)
-	}
-	var up, usec int64 = -1, -1
-	sc := bufio.NewScanner(strings.NewReader(info))
-	for sc.Scan() {
-		k, v, _ := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		switch k {
-		case "uptime_in_seconds":
-			up, _ = strconv.ParseInt(v, 10, 64)
-		case "server_time_usec":
-			usec, _ = strconv.ParseInt(v, 10, 64)
-		}
-	}
-	if up < 0 || usec < 0 {
-		return errors.New("INFO server has no uptime_in_seconds or server_time_usec (Redis 7 or later is needed)")
-	}
-	// Uptime is whole seconds, rounded down: the start computed is no
-	// earlier than the real one.
-	start := usec/1000 - up*1000
-	cmd := redis.NewStatusCmd(ctx, "set", q.epoch, start, "nx")
-	_ = conn.Process(ctx, onceStatus{cmd})
-	if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
+	if _, err := quorumEpochScript.run(ctx, m.c.rdb, []string{q.epoch}); err != nil {
 		return fmt.Errorf("setting the master's epoch: %w", err)
 	}
 	m.certified.Store(true)
 	return nil
 }
-
-// onceStatus is onceCmd for a status reply.
-type onceStatus struct{ *redis.StatusCmd }
-
-func (onceStatus) NoRetry() bool { return true }
 
 // join registers h's Lock as a quorum waiter: woken by a release published
 // on any master. ready holds each master's subscription confirmation.

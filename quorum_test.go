@@ -170,3 +170,38 @@ func TestQuorumLateAnswerOfAnEarlierAttempt(t *testing.T) {
 		t.Fatalf("another Client's TryLock while the lease is valid (%v): %v, %v", context.Cause(l.Context()), l2, err)
 	}
 }
+
+// TestQuorumFirstUseBesideOtherCalls: a quorum Client's first call on each
+// master (which sets the master's epoch key) while the application uses
+// the same go-redis clients for other calls. go-redis races with itself
+// when a Conn of a client and a pooled connection of it set up their
+// first connections at once (both touch the options' maintenance
+// notification mode, under different locks): the epoch must not be set
+// through a Conn.
+func TestQuorumFirstUseBesideOtherCalls(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers := redistest.Masters(t, 3)
+	for round := range 10 {
+		rdbs := make([]redis.UniversalClient, len(servers))
+		for i, s := range servers {
+			rdbs[i] = s.Client(t)
+		}
+		c := newQuorum(t, rdbs, dlock.WithRestartDelay(0))
+		done := make(chan error, 1)
+		go func() {
+			l, err := c.Mutex("first").TryLock(ctx)
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			done <- err
+		}()
+		for _, r := range rdbs {
+			if err := r.Ping(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+}

@@ -315,9 +315,10 @@ var (
 
 	QuorumAcquire = load("quorum_acquire")
 	QuorumFence   = load("quorum_fence")
+	QuorumEpoch   = load("quorum_epoch")
 )
 
 // Scripts lists every script.
 func Scripts() []*Script {
-	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, QuorumAcquire, QuorumFence}
+	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, QuorumAcquire, QuorumFence, QuorumEpoch}
 }
