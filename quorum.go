@@ -294,7 +294,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		}
 		q.drain(votes, n-got)
 		q.give(ctx, h)
-		return r, true, fmt.Errorf("acquire: %d of %d masters granted, but %s", len(granted), n, why)
+		return r, true, fmt.Errorf("acquire: %d of %d masters granted, but %s: %w", len(granted), n, why, ErrNotObtained)
 	}
 	// No majority: wait for the rest (bounded by the per-master timeout),
 	// so that everything it granted is given back.

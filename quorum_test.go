@@ -205,3 +205,56 @@ func TestQuorumFirstUseBesideOtherCalls(t *testing.T) {
 		}
 	}
 }
+
+// TestQuorumMajorityTooLate: a majority that granted too late to leave any
+// validity, or whose fence could not be raised on a majority, is reported
+// as not obtained (ErrNotObtained, as NewQuorum's doc says), and what it
+// took is given back on every master.
+func TestQuorumMajorityTooLate(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 3)
+	faulty := func(rule faults.Rule) *dlock.Client {
+		var fr []redis.UniversalClient
+		for i, s := range servers {
+			loadScripts(t, rdbs[i].(*redis.Client))
+			rdb := s.Client(t)
+			rdb.AddHook(faults.New(faults.Config{Scripts: engineScripts(t), Rules: []faults.Rule{rule}}))
+			fr = append(fr, rdb)
+		}
+		return newQuorum(t, fr, dlock.WithNodeTimeout(time.Second))
+	}
+	for _, tc := range []struct {
+		what  string
+		c     *dlock.Client
+		ttl   time.Duration
+		ahead func(master int) time.Duration // each master's counter, ahead of the clock
+	}{{
+		what: "validity",
+		// Every grant comes back after the lease's TTL; the counters are
+		// the same, so that no raise is needed.
+		c:     faulty(faults.Rule{Script: "quorum_acquire", Kind: faults.DelayReply, P: 1, Min: 200 * time.Millisecond}),
+		ttl:   100 * time.Millisecond,
+		ahead: func(int) time.Duration { return time.Hour },
+	}, {
+		what: "fence",
+		// Every raise fails, and the counters differ, so that one is needed.
+		c:     faulty(faults.Rule{Script: "quorum_fence", Kind: faults.FailSend, P: 1}),
+		ttl:   5 * time.Second,
+		ahead: func(i int) time.Duration { return time.Duration(i+1) * time.Hour },
+	}} {
+		name := "late-" + tc.what
+		now := time.Now()
+		for i, s := range servers {
+			s.Do(t, "hset", "dlock:{"+name+"}", "f", now.Add(tc.ahead(i)).UnixMicro())
+		}
+		_, err := tc.c.Mutex(name, dlock.TTL(tc.ttl)).TryLock(ctx)
+		if !errors.Is(err, dlock.ErrNotObtained) {
+			t.Errorf("%s: TryLock: %v, want ErrNotObtained", tc.what, err)
+		}
+		for i, s := range servers {
+			if o := s.Do(t, "hget", "dlock:{"+name+"}", "o"); o != nil {
+				t.Errorf("%s: master %d still names owner %v", tc.what, i, o)
+			}
+		}
+	}
+}
