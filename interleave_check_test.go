@@ -217,8 +217,12 @@ func (w *interleaving) returnedBy(op string, end time.Time) {
 // majority is left to grant it to anyone else), where a master that lost
 // its data less than the restart delay before the read counts as holding
 // it: it votes for nobody until then. Its copy on the others expires
-// no earlier than its holder's deadline, which ends its validity.
-func (w *interleaving) checkRedis() {
+// no earlier than its holder's deadline, which ends its validity. The
+// lease fresh, just granted, must be held on a majority with a fence
+// counter at least its fence, as NewQuorum promises of a grant by the
+// time Lock returns (later, renewals may keep it on masters whose counter
+// was not raised: those that answered its grant after the majority did).
+func (w *interleaving) checkRedis(fresh *ilLease) {
 	w.mu.Lock()
 	var settled []*ilLease
 	for o := range w.held {
@@ -230,10 +234,10 @@ func (w *interleaving) checkRedis() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	read := w.now()
+	readAt := w.epoch.Add(read)
 	views := make([]ilView, len(w.plains))
 	for i, plain := range w.plains {
-		v := &views[i]
-		v.owner, v.holders, v.err = w.holdersAt(ctx, plain)
+		views[i] = w.viewAt(ctx, plain)
 	}
 	// With replica acknowledgement every lease believed valid was
 	// confirmed by the replica: it must be there too, also while the
@@ -241,15 +245,25 @@ func (w *interleaving) checkRedis() {
 	// stopped replica answers once it resumes).
 	var rv ilView
 	if w.topo == ilReplicaAck {
-		rv.owner, rv.holders, rv.err = w.holdersAt(ctx, w.replicaPlain)
+		rv = w.viewAt(ctx, w.replicaPlain)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i := range views {
-		// A master being restarted may not answer: it lost its data.
-		views[i].lost = w.topo == ilQuorum && time.Since(w.restarted[i]) < w.delay
-		if err := views[i].err; err != nil && !views[i].lost {
-			w.t.Error(err)
+		if w.topo != ilQuorum {
+			break
+		}
+		r := w.restarted[i]
+		views[i].lost = r.lost()
+		// One that restarted, read since, must not have voted.
+		if views[i].lost && !r.up.IsZero() && readAt.After(r.up) && views[i].owner != "" {
+			w.failf("master %d, restarted without its data %v before it was read (at %.3fs), granted the lock within the restart delay (%v): owner %q",
+				i, readAt.Sub(r.killed).Round(time.Millisecond), read.Seconds(), w.delay, views[i].owner)
+		}
+	}
+	for _, v := range views {
+		if v.err != nil && !v.lost { // (one being restarted may not answer)
+			w.t.Error(v.err)
 			return
 		}
 	}
@@ -263,9 +277,14 @@ func (w *interleaving) checkRedis() {
 		}
 		tok := o.l.Token()
 		if w.topo == ilQuorum {
-			if n := countHolding(views, tok); n < ilMasters/2+1 {
-				w.failf("%v is believed valid, but %d of %d masters (read from %.3fs) hold it or lost their data within the restart delay: %v; the lease: %s; its Client's last faults: %s",
-					o, n, ilMasters, read.Seconds(), views, dlock.Describe(o.l), o.ic.lastFaults(read-2*time.Second))
+			var fence uint64 // the counter the lease must find, if fresh
+			what := "hold it"
+			if o == fresh {
+				fence, what = o.fence, "hold it with its fence"
+			}
+			if n := countHolding(views, tok, fence); n < ilMasters/2+1 {
+				w.failf("%v is believed valid, but %d of %d masters (read from %.3fs) %s or lost their data within the restart delay: %v; the lease: %s; its Client's last faults: %s",
+					o, n, ilMasters, read.Seconds(), what, views, dlock.Describe(o.l), o.ic.lastFaults(read-2*time.Second))
 			}
 			continue
 		}
@@ -283,6 +302,7 @@ func (w *interleaving) checkRedis() {
 // ilView is what one server said about who holds the lock.
 type ilView struct {
 	owner   string             // a mutex's owner
+	fence   uint64             // a mutex's fence counter
 	holders map[string]float64 // a semaphore's or RWMutex's live holdings (nil for a mutex)
 	lost    bool               // a quorum master that lost its data within the restart delay
 	err     error
@@ -297,21 +317,28 @@ func (v ilView) has(tok string) bool {
 }
 
 func (v ilView) String() string {
+	var s string
 	switch {
-	case v.lost:
-		return "lost its data"
+	case v.err != nil:
+		s = v.err.Error()
 	case v.holders != nil:
-		return fmt.Sprintf("live holders %v", v.holders)
+		s = fmt.Sprintf("live holders %v", v.holders)
+	default:
+		s = fmt.Sprintf("owner %q fence %d", v.owner, v.fence)
 	}
-	return fmt.Sprintf("owner %q", v.owner)
+	if v.lost {
+		s += " (lost its data within the restart delay)"
+	}
+	return s
 }
 
-// countHolding counts the quorum masters that hold tok's lease, or lost
-// their data within the restart delay.
-func countHolding(views []ilView, tok string) int {
+// countHolding counts the quorum masters that hold tok's lease with a
+// fence counter of at least fence, or lost their data within the restart
+// delay.
+func countHolding(views []ilView, tok string, fence uint64) int {
 	n := 0
 	for _, v := range views {
-		if v.lost || v.err == nil && v.has(tok) {
+		if v.lost || v.err == nil && v.has(tok) && v.fence >= fence {
 			n++
 		}
 	}
@@ -331,32 +358,35 @@ func (ic *ilClient) lastFaults(from time.Duration) string {
 	return b.String()
 }
 
-// holdersAt reads who holds the lock on the server rdb talks to: a
-// mutex's owner, or a semaphore's holdings whose lease has time left
-// (holders is nil for a mutex).
-func (w *interleaving) holdersAt(ctx context.Context, rdb *redis.Client) (owner string, holders map[string]float64, err error) {
+// viewAt reads who holds the lock on the server rdb talks to: a mutex's
+// owner and fence counter, or a semaphore's holdings whose lease has time
+// left.
+func (w *interleaving) viewAt(ctx context.Context, rdb *redis.Client) (v ilView) {
 	keys := wire.KeysOf(wire.DefaultPrefix, w.name)
 	if w.kind == "mutex" || w.kind == "fair" {
-		owner, err = rdb.HGet(ctx, keys.Hash, wire.FieldOwner).Result()
-		if err == redis.Nil {
-			err = nil
+		var h []any
+		h, v.err = rdb.HMGet(ctx, keys.Hash, wire.FieldOwner, wire.FieldFence).Result()
+		if v.err == nil {
+			v.owner, _ = h[0].(string)
+			f, _ := h[1].(string)
+			v.fence, _ = strconv.ParseUint(f, 10, 64)
 		}
-		return owner, nil, err
+		return v
 	}
 	now, err := rdb.Time(ctx).Result()
 	if err != nil {
-		return "", nil, err
+		return ilView{err: err}
 	}
 	zs, err := rdb.ZRangeByScoreWithScores(ctx, keys.Holders, &redis.ZRangeBy{
 		Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
 	if err != nil {
-		return "", nil, err
+		return ilView{err: err}
 	}
-	holders = map[string]float64{}
+	v.holders = map[string]float64{}
 	for _, z := range zs {
-		holders[z.Member.(string)] = z.Score
+		v.holders[z.Member.(string)] = z.Score
 	}
-	return "", holders, nil
+	return v
 }
 
 // expected fails the run for an error no fault explains.

@@ -159,9 +159,8 @@ type interleaving struct {
 	masters []*redistest.Server
 	plains  []*redis.Client
 	epoch   time.Time
-	// Quorum: each master's last restart (zero: none), under mu; the
-	// restart delay.
-	restarted []time.Time
+	// Quorum: each master's last restart, under mu; the restart delay.
+	restarted []ilRestart
 	delay     time.Duration
 	// With replica acknowledgement: the primary's replica, a client of it,
 	// and the proxy its replication link goes through.
@@ -323,7 +322,7 @@ func (w *interleaving) startQuorum() {
 	for _, r := range rdbs {
 		w.plains = append(w.plains, r.(*redis.Client))
 	}
-	w.restarted = make([]time.Time, ilMasters)
+	w.restarted = make([]ilRestart, ilMasters)
 	w.delay = w.maxTTL // no lease is longer
 }
 
@@ -583,18 +582,31 @@ func (w *interleaving) chaos(r *rand.Rand, stop <-chan struct{}) {
 // majority for a short while only.
 func (w *interleaving) restart(i int) {
 	w.mu.Lock()
-	for _, at := range w.restarted {
-		if time.Since(at) < w.delay {
+	for _, r := range w.restarted {
+		if r.lost() {
 			w.mu.Unlock()
 			return
 		}
 	}
-	w.restarted[i] = time.Now() // before: a lease may lose its copy from now on
+	w.restarted[i] = ilRestart{killed: time.Now(), delay: w.delay} // before: a lease may lose its copy from now on
 	w.mu.Unlock()
 	w.masters[i].Restart(w.t)
+	w.mu.Lock()
+	w.restarted[i].up = time.Now()
+	w.mu.Unlock()
 	loadScripts(w.t, w.plains[i])
 	w.count("restart")
 }
+
+// ilRestart is a quorum master's last restart.
+type ilRestart struct {
+	killed, up time.Time // when it was killed; when the new process answered (zero: not yet)
+	delay      time.Duration
+}
+
+// lost reports whether the master lost its data less than the restart
+// delay ago: it may not vote yet.
+func (r ilRestart) lost() bool { return !r.killed.IsZero() && time.Since(r.killed) < r.delay }
 
 // replication troubles the replica of a run with replica acknowledgement
 // until stop: the primary's stream is held back from it (it still
@@ -678,8 +690,8 @@ func (w *interleaving) round(r *rand.Rand, slot int) {
 	w.granted(me)
 	if w.topo != ilSingle {
 		// At once: the replica must have what was confirmed, a majority of
-		// masters what they granted.
-		w.checkRedis()
+		// masters what they granted, with its fence.
+		w.checkRedis(me)
 	}
 	w.hold(r, me)
 	w.release(r, me)
@@ -817,7 +829,7 @@ func (w *interleaving) hold(r *rand.Rand, me *ilLease) {
 			time.Sleep(time.Duration(r.IntN(2000)) * time.Microsecond)
 		}
 		w.check("hold of " + me.String())
-		w.checkRedis()
+		w.checkRedis(nil)
 	}
 }
 
@@ -827,7 +839,7 @@ func (w *interleaving) hold(r *rand.Rand, me *ilLease) {
 func (w *interleaving) watch(r *rand.Rand, d time.Duration) {
 	for end := time.Now().Add(d); time.Now().Before(end); {
 		time.Sleep(min(time.Until(end), time.Duration(10+r.IntN(30))*time.Millisecond))
-		w.checkRedis()
+		w.checkRedis(nil)
 	}
 }
 
