@@ -586,8 +586,9 @@ func (q *quorum) extends(ctx context.Context, calls []call) []*redis.Cmd {
 	return out
 }
 
-// certify sets m's epoch key, if it has none, to when its data began: now
-// less its uptime (quorum_epoch.lua, which reads both and writes the key
+// certify sets m's epoch key, if it has none, to when its data began, or
+// a little later: now less its uptime, which may be up to a second more
+// than the real one (quorum_epoch.lua, which reads both and writes the key
 // in one step). Not through a Conn of m's client: go-redis races with
 // itself when a Conn and its pool set up their first connections at once.
 func (q *quorum) certify(ctx context.Context, m *member) error {

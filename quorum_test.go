@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -256,5 +257,47 @@ func TestQuorumMajorityTooLate(t *testing.T) {
 				t.Errorf("%s: master %d still names owner %v", tc.what, i, o)
 			}
 		}
+	}
+}
+
+// TestQuorumEpochNotBeforeRestart: the epoch a restarted master is given
+// (when its data began, from INFO's uptime) is no earlier than its restart,
+// so that it votes no sooner than the restart delay after it. INFO's
+// uptime is the difference of two clocks in whole seconds, so it may be
+// up to a second more than the real one: a master restarted at k.5 s and
+// certified at k+1.03 s reports an uptime of 1 s (found by
+// TestInterleavingsQuorum: a restarted master granted the lock 3.2 s into
+// a restart delay of 4 s).
+func TestQuorumEpochNotBeforeRestart(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 3)
+	conclusive := 0
+	for range 3 {
+		// Kill at the middle of a second; certify just after the next one.
+		now := time.Now()
+		time.Sleep(now.Truncate(time.Second).Add(1500*time.Millisecond).Sub(now) % time.Second)
+		killed := time.Now()
+		servers[0].Restart(t)
+		up := time.Now()
+		next := killed.Truncate(time.Second).Add(time.Second)
+		time.Sleep(time.Until(next.Add(30 * time.Millisecond)))
+		// A new Client certifies each master at its first call.
+		c := newQuorum(t, rdbs)
+		if l, err := c.Mutex("epoch").TryLock(ctx); err == nil {
+			_ = l.Unlock(ctx)
+		}
+		epoch, err := strconv.ParseInt(servers[0].Do(t, "get", "dlock:epoch").(string), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := time.UnixMilli(epoch); e.Before(killed) {
+			t.Fatalf("the epoch of a master restarted at %s is %s, %v before it", killed.Format("15:04:05.000"), e.Format("15:04:05.000"), killed.Sub(e))
+		}
+		if up.Before(next) {
+			conclusive++
+		}
+	}
+	if conclusive == 0 {
+		t.Fatal("no restart took less than half a second: nothing was checked")
 	}
 }

@@ -8,8 +8,10 @@
 local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
 if not up then return redis.error_reply('DLOCK_EPOCH INFO server has no uptime_in_seconds') end
 local t = redis.call('TIME')
--- Uptime is whole seconds, rounded down: the start computed is no earlier
--- than the real one.
-local start = t[1] * 1000 + math.floor(t[2] / 1000) - up * 1000
+-- The uptime is the difference of two clocks in whole seconds (now and the
+-- start, each rounded down), so it may exceed the real one by up to a
+-- second: counting one second less (and the start no later than now) keeps
+-- the start computed no earlier than the real one.
+local start = t[1] * 1000 + math.floor(t[2] / 1000) - math.max(up - 1, 0) * 1000
 if redis.call('SET', KEYS[1], string.format('%.0f', start), 'NX') then return 1 end
 return 0
