@@ -45,6 +45,8 @@ import (
 //   - a mutex lease (an RWMutex writer) that is valid when granted has a
 //     fence above every lease found valid before it (a reader: above every
 //     writer's); a semaphore never grants one fence twice;
+//   - a Mutex lease, valid or not, has a fence above every lease whose
+//     call returned before its own call was made;
 //
 // and, after every caller has returned, that the lock is free at Redis
 // within one TTL (no holding left renewed or counted), and that no call
@@ -228,6 +230,7 @@ type ilProfile struct {
 	passes  float64       // chance of a fault on each pass record and extension
 	subs    float64       // multiplies every subscription fault's chance
 	chaos   time.Duration // mean time between closes, pauses and kills
+	slow    float64       // quorum: multiplies every script fault's chance on the first master
 }
 
 func drawProfile(seed uint64) ilProfile {
@@ -242,6 +245,7 @@ func drawProfile(seed uint64) ilProfile {
 		passes:  pick(0.05, 0.3),
 		subs:    pick(0, 2),
 		chaos:   time.Duration(pick(300, 2000)) * time.Millisecond,
+		slow:    pick(1, 5),
 	}
 }
 
@@ -251,7 +255,7 @@ func (p *ilProfile) override(t *testing.T, spec string) {
 	for _, kv := range strings.Split(spec, ",") {
 		k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
 		f, err := strconv.ParseFloat(v, 64)
-		fields := map[string]*float64{"noRenew": &p.noRenew, "long": &p.long, "extend": &p.extend, "faults": &p.faults, "passes": &p.passes, "subs": &p.subs}
+		fields := map[string]*float64{"noRenew": &p.noRenew, "long": &p.long, "extend": &p.extend, "faults": &p.faults, "passes": &p.passes, "subs": &p.subs, "slow": &p.slow}
 		ptr := fields[k]
 		switch {
 		case err == nil && ptr != nil:
@@ -267,8 +271,8 @@ func (p *ilProfile) override(t *testing.T, spec string) {
 }
 
 func (p ilProfile) String() string {
-	return fmt.Sprintf("noRenew %.2f, long holds %.2f up to %v, extend %.2f, faults x%.0f, pass/extend faults %.1f, subscription faults x%.0f, chaos every %v",
-		p.noRenew, p.long, p.longMax, p.extend, p.faults, p.passes, p.subs, p.chaos)
+	return fmt.Sprintf("noRenew %.2f, long holds %.2f up to %v, extend %.2f, faults x%.0f, pass/extend faults %.1f, subscription faults x%.0f, chaos every %v, (quorum) first master's faults x%.0f",
+		p.noRenew, p.long, p.longMax, p.extend, p.faults, p.passes, p.subs, p.chaos, p.slow)
 }
 
 const (
@@ -338,7 +342,11 @@ func (w *interleaving) newClient() *ilClient {
 	ic := &ilClient{gen: gen}
 	var rdbs []redis.UniversalClient
 	for i, s := range w.masters {
-		in := w.injector(uint64(i)<<56 + w.seed*1000 + uint64(gen))
+		slow := 1.0
+		if i == 0 && w.topo == ilQuorum {
+			slow = w.prof.slow // one master is slow, or flaky, more often than the others
+		}
+		in := w.injector(uint64(i)<<56+w.seed*1000+uint64(gen), slow)
 		rdb := s.Client(t)
 		rdb.AddHook(in)
 		rdbs = append(rdbs, rdb)
@@ -359,9 +367,10 @@ func (w *interleaving) newClient() *ilClient {
 	return ic
 }
 
-// injector returns the faults of one go-redis client, drawn from seed.
-func (w *interleaving) injector(seed uint64) *faults.Injector {
-	ms, f, p, sf := time.Millisecond, w.prof.faults, w.prof.passes, w.prof.subs
+// injector returns the faults of one go-redis client, drawn from seed, the
+// chance of each script fault multiplied by slow.
+func (w *interleaving) injector(seed uint64, slow float64) *faults.Injector {
+	ms, f, p, sf := time.Millisecond, w.prof.faults*slow, w.prof.passes*slow, w.prof.subs
 	return faults.New(faults.Config{
 		Seed:    seed,
 		Scripts: engineScripts(w.t),
