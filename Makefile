@@ -33,12 +33,15 @@ test: redis-server cc vet
 
 # chaos explores interleavings for longer than make test does: DLOCK_CHAOS
 # per run (default 10s), DLOCK_CHAOS_ROUNDS seeds per primitive (default 10);
-# a failure prints the command that replays its seed.
+# quorum mode, which has one primitive, DLOCK_QUORUM_ROUNDS seeds (default
+# 30); a failure prints the command that replays its seed.
 chaos: redis-server
 	DLOCK_CHAOS=$${DLOCK_CHAOS:-10s} DLOCK_CHAOS_ROUNDS=$${DLOCK_CHAOS_ROUNDS:-10} \
 		$(GO) test -race -count=1 -timeout 90m -run '^TestInterleavings(ReplicaAck)?$$' .
 	DLOCK_CHAOS=$${DLOCK_CHAOS:-10s} \
 		$(GO) test -race -count=$${DLOCK_CHAOS_ROUNDS:-10} -timeout 60m -run '^TestReviewQuorumInterleavings$$' .
+	DLOCK_CHAOS=$${DLOCK_CHAOS:-10s} DLOCK_CHAOS_ROUNDS=$${DLOCK_QUORUM_ROUNDS:-30} \
+		$(GO) test -race -count=1 -timeout 60m -run '^TestInterleavingsQuorum$$' .
 	DLOCK_FAILOVER_ROUNDS=$${DLOCK_FAILOVER_ROUNDS:-20} \
 		$(GO) test -race -count=1 -timeout 30m -run '^TestFault5(Cluster)?WithReplicaAck$$' .
 

@@ -11,7 +11,11 @@ import (
 // context error, or a Redis error) together with the lock name, so callers
 // branch with errors.Is.
 var (
-	// ErrNotObtained is returned by TryLock when the lock is held by someone else.
+	// ErrNotObtained is returned by TryLock when the lock is held by someone
+	// else, or when a grant came too late to be valid (its reply came after
+	// the lease it granted may have expired; in quorum mode, a majority that
+	// answered too late or whose fence could not be raised): such a grant is
+	// given back, and a Lock tries again.
 	ErrNotObtained = errors.New("dlock: not obtained")
 	// ErrLockLost means a lease is no longer held: it expired, was deleted or
 	// overwritten, or renewal could not reach Redis before its deadline. It is

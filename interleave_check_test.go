@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -36,6 +37,9 @@ func (w *interleaving) granted(me *ilLease) {
 	defer w.mu.Unlock()
 	w.grants++
 	me.at = w.now()
+	if w.kind == "mutex" || w.kind == "fair" {
+		w.inOrder(me)
+	}
 	if me.valid() {
 		switch w.kind {
 		case "mutex", "fair":
@@ -61,6 +65,24 @@ func (w *interleaving) granted(me *ilLease) {
 	}
 	w.held[me] = struct{}{}
 	w.checkLocked("grant of " + me.String())
+}
+
+// inOrder checks that me's fence is above those of every grant recorded
+// before me's call was made, whether or not either lease is still valid:
+// that grant's call returned before me's began, so it was granted first.
+// (A mutex counter only grows; in quorum mode every grant has raised its
+// fence on a majority before its call returned, and every later majority
+// meets one of them.) Called under w.mu.
+func (w *interleaving) inOrder(me *ilLease) {
+	i := sort.Search(len(w.order), func(i int) bool { return w.order[i].at >= me.called })
+	if i > 0 && me.fence <= w.order[i-1].max {
+		w.failf("fence %d granted %v by a call made at %.3fs, after a grant of fence %d had returned", me.fence, me, me.called.Seconds(), w.order[i-1].max)
+	}
+	top := me.fence
+	if n := len(w.order); n > 0 {
+		top = max(top, w.order[n-1].max)
+	}
+	w.order = append(w.order, ilGrant{at: me.at, max: top})
 }
 
 // check checks that the leases believed valid now may all be.
@@ -105,28 +127,30 @@ func (w *interleaving) giveUp(me *ilLease) {
 }
 
 // checkFree checks that, one TTL after every caller returned, nothing holds
-// the lock at Redis any more.
+// the lock at Redis any more (on any master of a quorum).
 func (w *interleaving) checkFree(returned time.Time) {
 	t := w.t
 	keys := wire.KeysOf(wire.DefaultPrefix, w.name)
 	deadline := returned.Add(w.maxTTL + 500*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for {
-		held, what := w.heldAtRedis(ctx, keys)
-		if !held {
-			return
+	for i, plain := range w.plains {
+		for {
+			held, what := w.heldAtRedis(ctx, plain, keys)
+			if !held {
+				break
+			}
+			if time.Now().After(deadline) {
+				w.mu.Lock()
+				w.failf("%v after every caller returned, the lock is still held at Redis%s: %s", time.Since(returned).Round(time.Millisecond), w.masterName(i), what)
+				w.mu.Unlock()
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatal(ctx.Err())
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			w.mu.Lock()
-			w.failf("%v after every caller returned, the lock is still held at Redis: %s", time.Since(returned).Round(time.Millisecond), what)
-			w.mu.Unlock()
-			return
-		}
-		if ctx.Err() != nil {
-			t.Fatal(ctx.Err())
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -135,9 +159,9 @@ func (w *interleaving) checkFree(returned time.Time) {
 // not run out (one that ran out may still be counted until the next call
 // that needs permits prunes it, but it holds nothing). A semaphore's count
 // of permits used must always be the sum of its holdings'.
-func (w *interleaving) heldAtRedis(ctx context.Context, keys wire.Keys) (bool, string) {
+func (w *interleaving) heldAtRedis(ctx context.Context, plain *redis.Client, keys wire.Keys) (bool, string) {
 	t := w.t
-	h, err := w.plain.HGetAll(ctx, keys.Hash).Result()
+	h, err := plain.HGetAll(ctx, keys.Hash).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,11 +181,11 @@ func (w *interleaving) heldAtRedis(ctx context.Context, keys wire.Keys) (bool, s
 		w.failf("%d permits counted used, %d held by holdings: hash %q", u, sum, h)
 		w.mu.Unlock()
 	}
-	now, err := w.plain.Time(ctx).Result()
+	now, err := plain.Time(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	live, err := w.plain.ZRangeByScoreWithScores(ctx, keys.Holders, &redis.ZRangeBy{
+	live, err := plain.ZRangeByScoreWithScores(ctx, keys.Holders, &redis.ZRangeBy{
 		Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -188,7 +212,17 @@ func (w *interleaving) returnedBy(op string, end time.Time) {
 // pending stays so; Redis is read after that is known and before the
 // leases' validity is asked, and validity only ever ends, so a lease
 // granted before the read and valid after it was valid at the read.
-func (w *interleaving) checkRedis() {
+//
+// In quorum mode the lease must be held on a majority of the masters (no
+// majority is left to grant it to anyone else), where a master that lost
+// its data less than the restart delay before the read counts as holding
+// it: it votes for nobody until then. Its copy on the others expires
+// no earlier than its holder's deadline, which ends its validity. The
+// lease fresh, just granted, must be held on a majority with a fence
+// counter at least its fence, as NewQuorum promises of a grant by the
+// time Lock returns (later, renewals may keep it on masters whose counter
+// was not raised: those that answered its grant after the majority did).
+func (w *interleaving) checkRedis(fresh *ilLease) {
 	w.mu.Lock()
 	var settled []*ilLease
 	for o := range w.held {
@@ -200,68 +234,159 @@ func (w *interleaving) checkRedis() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	read := w.now()
-	owner, holders, err := w.holdersAt(ctx, w.plain)
-	if err != nil {
-		w.t.Error(err)
-		return
+	readAt := w.epoch.Add(read)
+	views := make([]ilView, len(w.plains))
+	for i, plain := range w.plains {
+		views[i] = w.viewAt(ctx, plain)
 	}
 	// With replica acknowledgement every lease believed valid was
 	// confirmed by the replica: it must be there too, also while the
 	// chaos holds the replication stream back (read after the primary; a
 	// stopped replica answers once it resumes).
-	var rOwner string
-	var rHolders map[string]float64
-	if w.replica != nil {
-		rOwner, rHolders, err = w.holdersAt(ctx, w.replicaPlain)
-		if err != nil {
-			w.t.Error(err)
-			return
-		}
+	var rv ilView
+	if w.topo == ilReplicaAck {
+		rv = w.viewAt(ctx, w.replicaPlain)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	for i := range views {
+		if w.topo != ilQuorum {
+			break
+		}
+		r := w.restarted[i]
+		views[i].lost = r.lost()
+		// One that restarted, read since, must not have voted.
+		if views[i].lost && !r.up.IsZero() && readAt.After(r.up) && views[i].owner != "" {
+			w.failf("master %d, restarted without its data %v before it was read (at %.3fs), granted the lock within the restart delay (%v): owner %q",
+				i, readAt.Sub(r.killed).Round(time.Millisecond), read.Seconds(), w.delay, views[i].owner)
+		}
+	}
+	for _, v := range views {
+		if v.err != nil && !v.lost { // (one being restarted may not answer)
+			w.t.Error(v.err)
+			return
+		}
+	}
+	if rv.err != nil {
+		w.t.Error(rv.err)
+		return
+	}
 	for _, o := range settled {
 		if o.at >= read || !o.valid() {
 			continue
 		}
 		tok := o.l.Token()
-		if holders == nil && owner != tok || holders != nil && holders[tok] == 0 {
-			w.failf("%v is believed valid, but Redis (read at %.3fs) names owner %q, live holders %v; the lease: %s; its Client's last faults: %v",
-				o, read.Seconds(), owner, holders, dlock.Describe(o.l), o.ic.in.Events(func(e faults.Event) bool { return e.At > read-2*time.Second }))
+		if w.topo == ilQuorum {
+			var fence uint64 // the counter the lease must find, if fresh
+			what := "hold it"
+			if o == fresh {
+				fence, what = o.fence, "hold it with its fence"
+			}
+			if n := countHolding(views, tok, fence); n < ilMasters/2+1 {
+				w.failf("%v is believed valid, but %d of %d masters (read from %.3fs) %s or lost their data within the restart delay: %v; the lease: %s; its Client's last faults: %s",
+					o, n, ilMasters, read.Seconds(), what, views, dlock.Describe(o.l), o.ic.lastFaults(read-2*time.Second))
+			}
+			continue
 		}
-		if w.replica != nil && (rHolders == nil && rOwner != tok || rHolders != nil && rHolders[tok] == 0) {
-			w.failf("%v is believed valid, but the replica (read after %.3fs) names owner %q, live holders %v: a failover now would lose it; the lease: %s",
-				o, read.Seconds(), rOwner, rHolders, dlock.Describe(o.l))
+		if !views[0].has(tok) {
+			w.failf("%v is believed valid, but Redis (read at %.3fs) names %v; the lease: %s; its Client's last faults: %s",
+				o, read.Seconds(), views[0], dlock.Describe(o.l), o.ic.lastFaults(read-2*time.Second))
+		}
+		if w.topo == ilReplicaAck && !rv.has(tok) {
+			w.failf("%v is believed valid, but the replica (read after %.3fs) names %v: a failover now would lose it; the lease: %s",
+				o, read.Seconds(), rv, dlock.Describe(o.l))
 		}
 	}
 }
 
-// holdersAt reads who holds the lock on the server rdb talks to: a
-// mutex's owner, or a semaphore's holdings whose lease has time left
-// (holders is nil for a mutex).
-func (w *interleaving) holdersAt(ctx context.Context, rdb *redis.Client) (owner string, holders map[string]float64, err error) {
+// ilView is what one server said about who holds the lock.
+type ilView struct {
+	owner   string             // a mutex's owner
+	fence   uint64             // a mutex's fence counter
+	holders map[string]float64 // a semaphore's or RWMutex's live holdings (nil for a mutex)
+	lost    bool               // a quorum master that lost its data within the restart delay
+	err     error
+}
+
+// has reports whether the view names tok as a holder.
+func (v ilView) has(tok string) bool {
+	if v.holders != nil {
+		return v.holders[tok] != 0
+	}
+	return v.owner == tok
+}
+
+func (v ilView) String() string {
+	var s string
+	switch {
+	case v.err != nil:
+		s = v.err.Error()
+	case v.holders != nil:
+		s = fmt.Sprintf("live holders %v", v.holders)
+	default:
+		s = fmt.Sprintf("owner %q fence %d", v.owner, v.fence)
+	}
+	if v.lost {
+		s += " (lost its data within the restart delay)"
+	}
+	return s
+}
+
+// countHolding counts the quorum masters that hold tok's lease with a
+// fence counter of at least fence, or lost their data within the restart
+// delay.
+func countHolding(views []ilView, tok string, fence uint64) int {
+	n := 0
+	for _, v := range views {
+		if v.lost || v.err == nil && v.has(tok) && v.fence >= fence {
+			n++
+		}
+	}
+	return n
+}
+
+// lastFaults lists the faults injected into ic's calls since from, on each
+// of its go-redis clients.
+func (ic *ilClient) lastFaults(from time.Duration) string {
+	var b strings.Builder
+	for i, in := range ic.ins {
+		if len(ic.ins) > 1 {
+			fmt.Fprintf(&b, "\n  master %d: ", i)
+		}
+		fmt.Fprintf(&b, "%v", in.Events(func(e faults.Event) bool { return e.At > from }))
+	}
+	return b.String()
+}
+
+// viewAt reads who holds the lock on the server rdb talks to: a mutex's
+// owner and fence counter, or a semaphore's holdings whose lease has time
+// left.
+func (w *interleaving) viewAt(ctx context.Context, rdb *redis.Client) (v ilView) {
 	keys := wire.KeysOf(wire.DefaultPrefix, w.name)
 	if w.kind == "mutex" || w.kind == "fair" {
-		owner, err = rdb.HGet(ctx, keys.Hash, wire.FieldOwner).Result()
-		if err == redis.Nil {
-			err = nil
+		var h []any
+		h, v.err = rdb.HMGet(ctx, keys.Hash, wire.FieldOwner, wire.FieldFence).Result()
+		if v.err == nil {
+			v.owner, _ = h[0].(string)
+			f, _ := h[1].(string)
+			v.fence, _ = strconv.ParseUint(f, 10, 64)
 		}
-		return owner, nil, err
+		return v
 	}
 	now, err := rdb.Time(ctx).Result()
 	if err != nil {
-		return "", nil, err
+		return ilView{err: err}
 	}
 	zs, err := rdb.ZRangeByScoreWithScores(ctx, keys.Holders, &redis.ZRangeBy{
 		Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
 	if err != nil {
-		return "", nil, err
+		return ilView{err: err}
 	}
-	holders = map[string]float64{}
+	v.holders = map[string]float64{}
 	for _, z := range zs {
-		holders[z.Member.(string)] = z.Score
+		v.holders[z.Member.(string)] = z.Score
 	}
-	return "", holders, nil
+	return v
 }
 
 // expected fails the run for an error no fault explains.
@@ -272,7 +397,7 @@ func (w *interleaving) expected(err error, op string) {
 		errors.Is(err, dlock.ErrNotObtained),
 		errors.Is(err, dlock.ErrLockLost),
 		errors.Is(err, dlock.ErrClosed),
-		w.replica != nil && errors.Is(err, dlock.ErrNotReplicated),
+		w.topo == ilReplicaAck && errors.Is(err, dlock.ErrNotReplicated),
 		errors.Is(err, context.Canceled),
 		errors.Is(err, context.DeadlineExceeded):
 		return

@@ -45,6 +45,8 @@ import (
 //   - a mutex lease (an RWMutex writer) that is valid when granted has a
 //     fence above every lease found valid before it (a reader: above every
 //     writer's); a semaphore never grants one fence twice;
+//   - a Mutex lease, valid or not, has a fence above every lease whose
+//     call returned before its own call was made;
 //
 // and, after every caller has returned, that the lock is free at Redis
 // within one TTL (no holding left renewed or counted), and that no call
@@ -59,7 +61,7 @@ import (
 // failure prints the command that replays it; with DLOCK_EVENTS=1 it also
 // prints every fault injected, on the run's clock, with the tokens they
 // concern (leases are printed with theirs).
-func TestInterleavings(t *testing.T) { interleavings(t, "TestInterleavings", false) }
+func TestInterleavings(t *testing.T) { interleavings(t, "TestInterleavings", ilSingle) }
 
 // TestInterleavingsReplicaAck is TestInterleavings on a primary with one
 // replica, every Client made WithReplicaAck(1, ...), the replica stopped
@@ -68,12 +70,41 @@ func TestInterleavings(t *testing.T) { interleavings(t, "TestInterleavings", fal
 // replica too, and calls fail with ErrNotReplicated rather than grant what
 // the replica has not confirmed.
 func TestInterleavingsReplicaAck(t *testing.T) {
-	interleavings(t, "TestInterleavingsReplicaAck", true)
+	interleavings(t, "TestInterleavingsReplicaAck", ilReplicaAck)
 }
 
-// interleavings runs the interleaving test named test, on topology R with
-// replica acknowledgement if ack.
-func interleavings(t *testing.T, test string, ack bool) {
+// TestInterleavingsQuorum is TestInterleavings for the Mutex (default
+// mode, the only lock quorum mode has) on five independent masters, every
+// Client made by NewQuorum: each master's go-redis client gets faults of
+// its own, one or two masters are paused at a time, and a master restarts
+// without its data now and then (WithRestartDelay is the longest TTL). A
+// lease believed valid must be held on a majority of the masters, counting
+// one that lost its data less than the restart delay ago (it votes for
+// nobody until then), and the lock must be free on every master one TTL
+// after every caller returned. Meanwhile the fence counter of a master
+// that holds no lease is set up to ilSkewMax ahead of its clock now and
+// then, as a master whose clock runs that far ahead would leave it: the
+// masters here share one clock, and fences, drawn from it, would come out
+// in grant order whether or not every grant raised its fence on a
+// majority.
+func TestInterleavingsQuorum(t *testing.T) {
+	interleavings(t, "TestInterleavingsQuorum", ilQuorum)
+}
+
+// ilTopology is what the lock of an interleaving run lives on.
+type ilTopology int
+
+const (
+	ilSingle     ilTopology = iota // one server
+	ilReplicaAck                   // a primary and its replica, grants confirmed by it
+	ilQuorum                       // ilMasters independent masters (NewQuorum)
+)
+
+// ilMasters is how many masters a quorum run has.
+const ilMasters = 5
+
+// interleavings runs the interleaving test named test on topo.
+func interleavings(t *testing.T, test string, topo ilTopology) {
 	dur := 3 * time.Second
 	if v := os.Getenv("DLOCK_CHAOS"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -87,7 +118,11 @@ func interleavings(t *testing.T, test string, ack bool) {
 	if replay {
 		rounds = 1
 	}
-	for _, kind := range []string{"mutex", "fair", "rw", "sem"} {
+	kinds := []string{"mutex", "fair", "rw", "sem"}
+	if topo == ilQuorum {
+		kinds = kinds[:1] // quorum mode has the Mutex in default mode only
+	}
+	for _, kind := range kinds {
 		t.Run(kind, func(t *testing.T) {
 			for range rounds {
 				seed := fixed
@@ -95,7 +130,7 @@ func interleavings(t *testing.T, test string, ack bool) {
 					seed = rand.Uint64N(1 << 40)
 				}
 				t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-					w := newInterleaving(t, kind, seed, dur, ack)
+					w := newInterleaving(t, kind, seed, dur, topo)
 					defer func() {
 						if t.Failed() {
 							t.Logf("replay: DLOCK_SEED=%d DLOCK_CHAOS=%v go test -race -count=1 -run '%s/%s/seed=%d$' .", seed, dur, test, kind, seed)
@@ -111,20 +146,26 @@ func interleavings(t *testing.T, test string, ack bool) {
 // ilReplicaWait is how long grants wait for the replica's confirmation.
 const ilReplicaWait = 100 * time.Millisecond
 
-// interleaving is one run: one lock name, one server, its Clients and what
-// the run has seen.
+// interleaving is one run: one lock name, the servers it lives on, its
+// Clients and what the run has seen.
 type interleaving struct {
-	t     *testing.T
-	kind  string
-	seed  uint64
-	dur   time.Duration
-	name  string
-	size  int64 // sem: permits in all
-	s     *redistest.Server
-	plain *redis.Client
-	epoch time.Time
-	// With replica acknowledgement: s's replica, a client of it, and the
-	// proxy its replication link goes through.
+	t    *testing.T
+	kind string
+	seed uint64
+	dur  time.Duration
+	name string
+	size int64 // sem: permits in all
+	topo ilTopology
+	// The servers the lock is taken on (one, or the quorum's masters), and
+	// a plain client of each.
+	masters []*redistest.Server
+	plains  []*redis.Client
+	epoch   time.Time
+	// Quorum: each master's last restart, under mu; the restart delay.
+	restarted []ilRestart
+	delay     time.Duration
+	// With replica acknowledgement: the primary's replica, a client of it,
+	// and the proxy its replication link goes through.
 	replica      *redistest.Server
 	replicaPlain *redis.Client
 	link         *faultproxy.Proxy
@@ -138,6 +179,7 @@ type interleaving struct {
 	held     map[*ilLease]struct{} // granted, not yet given up by its holder
 	maxFence uint64                // mutex: of every lease seen valid; rw: of every writer's
 	maxAll   uint64                // rw: of every lease seen valid
+	order    []ilGrant             // mutex: every grant, in the order recorded
 	fences   map[uint64]bool       // sem: fences granted
 	grants   int
 	checks   int
@@ -146,11 +188,19 @@ type interleaving struct {
 	clients  []*ilClient // every Client made
 }
 
-// ilClient is one dlock Client with its own go-redis client and faults.
+// ilClient is one dlock Client with its own go-redis client for each
+// master, and each one's faults.
 type ilClient struct {
 	gen int64
 	c   *dlock.Client
-	in  *faults.Injector
+	ins []*faults.Injector // one per master
+}
+
+// ilGrant is a grant as the fence order check keeps it: when it was
+// recorded, and the largest fence recorded by then.
+type ilGrant struct {
+	at  time.Duration
+	max uint64
 }
 
 // ilLease is one grant as its holder sees it.
@@ -161,7 +211,8 @@ type ilLease struct {
 	fence   uint64
 	permits int64
 	writer  bool
-	at      time.Duration
+	called  time.Duration // when the call that granted it was made
+	at      time.Duration // when the grant was recorded, after that call returned
 	via     string
 	gaveUp  bool // its holder called Unlock (or saw it end)
 }
@@ -179,6 +230,7 @@ type ilProfile struct {
 	passes  float64       // chance of a fault on each pass record and extension
 	subs    float64       // multiplies every subscription fault's chance
 	chaos   time.Duration // mean time between closes, pauses and kills
+	slow    float64       // quorum: multiplies every script fault's chance on the first master
 }
 
 func drawProfile(seed uint64) ilProfile {
@@ -193,6 +245,7 @@ func drawProfile(seed uint64) ilProfile {
 		passes:  pick(0.05, 0.3),
 		subs:    pick(0, 2),
 		chaos:   time.Duration(pick(300, 2000)) * time.Millisecond,
+		slow:    pick(1, 5),
 	}
 }
 
@@ -202,7 +255,7 @@ func (p *ilProfile) override(t *testing.T, spec string) {
 	for _, kv := range strings.Split(spec, ",") {
 		k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
 		f, err := strconv.ParseFloat(v, 64)
-		fields := map[string]*float64{"noRenew": &p.noRenew, "long": &p.long, "extend": &p.extend, "faults": &p.faults, "passes": &p.passes, "subs": &p.subs}
+		fields := map[string]*float64{"noRenew": &p.noRenew, "long": &p.long, "extend": &p.extend, "faults": &p.faults, "passes": &p.passes, "subs": &p.subs, "slow": &p.slow}
 		ptr := fields[k]
 		switch {
 		case err == nil && ptr != nil:
@@ -218,8 +271,8 @@ func (p *ilProfile) override(t *testing.T, spec string) {
 }
 
 func (p ilProfile) String() string {
-	return fmt.Sprintf("noRenew %.2f, long holds %.2f up to %v, extend %.2f, faults x%.0f, pass/extend faults %.1f, subscription faults x%.0f, chaos every %v",
-		p.noRenew, p.long, p.longMax, p.extend, p.faults, p.passes, p.subs, p.chaos)
+	return fmt.Sprintf("noRenew %.2f, long holds %.2f up to %v, extend %.2f, faults x%.0f, pass/extend faults %.1f, subscription faults x%.0f, chaos every %v, (quorum) first master's faults x%.0f",
+		p.noRenew, p.long, p.longMax, p.extend, p.faults, p.passes, p.subs, p.chaos, p.slow)
 }
 
 const (
@@ -229,9 +282,9 @@ const (
 	ilMaxTTL  = 4000 // ms: the longest TTL a call asks for
 )
 
-func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration, ack bool) *interleaving {
+func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration, topo ilTopology) *interleaving {
 	w := &interleaving{
-		t: t, kind: kind, seed: seed, dur: dur,
+		t: t, kind: kind, seed: seed, dur: dur, topo: topo,
 		// Every byte a name may hold must survive keys, entries and channels.
 		name:   "il," + kind + " {x}:\n\xff",
 		size:   ilSize,
@@ -245,11 +298,17 @@ func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration, 
 	if spec := os.Getenv("DLOCK_CHAOS_PROFILE"); spec != "" {
 		w.prof.override(t, spec)
 	}
-	if ack {
-		w.s, w.replica, w.plain, w.replicaPlain, w.link = primaryAndReplicaVia(t)
-	} else {
-		w.s = redistest.Start(t)
-		w.plain = w.s.Client(t)
+	switch topo {
+	case ilSingle:
+		s := redistest.Start(t)
+		w.masters, w.plains = []*redistest.Server{s}, []*redis.Client{s.Client(t)}
+	case ilReplicaAck:
+		var s *redistest.Server
+		var plain *redis.Client
+		s, w.replica, plain, w.replicaPlain, w.link = primaryAndReplicaVia(t)
+		w.masters, w.plains = []*redistest.Server{s}, []*redis.Client{plain}
+	case ilQuorum:
+		w.startQuorum()
 	}
 	w.epoch = time.Now()
 	w.slots = make([]atomic.Pointer[ilClient], ilClients)
@@ -259,23 +318,62 @@ func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration, 
 	return w
 }
 
+// startQuorum starts the masters of a quorum run: they vote at once (see
+// quorumMasters).
+func (w *interleaving) startQuorum() {
+	var rdbs []redis.UniversalClient
+	w.masters, rdbs = quorumMasters(w.t, ilMasters)
+	for _, r := range rdbs {
+		w.plains = append(w.plains, r.(*redis.Client))
+	}
+	w.restarted = make([]ilRestart, ilMasters)
+	w.delay = w.maxTTL // no lease is longer
+}
+
 // newClient makes a Client whose script calls and subscriptions get faults
-// drawn from the run's seed.
+// drawn from the run's seed, on each master's connections apart.
 func (w *interleaving) newClient() *ilClient {
 	t := w.t
 	gen := w.gen.Add(1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	r := rand.New(rand.NewPCG(w.seed, uint64(1000+gen)))
-	for _, sc := range wire.Scripts() { // a fault never meets NOSCRIPT instead of the script's work
-		if err := w.plain.ScriptLoad(ctx, sc.Src).Err(); err != nil {
-			t.Fatal(err)
-		}
+	for _, plain := range w.plains {
+		loadScripts(t, plain)
 	}
-	ms, f, p, sf := time.Millisecond, w.prof.faults, w.prof.passes, w.prof.subs
-	in := faults.New(faults.Config{
-		Seed:    w.seed*1000 + uint64(gen),
-		Scripts: engineScripts(t),
+	ic := &ilClient{gen: gen}
+	var rdbs []redis.UniversalClient
+	for i, s := range w.masters {
+		slow := 1.0
+		if i == 0 && w.topo == ilQuorum {
+			slow = w.prof.slow // one master is slow, or flaky, more often than the others
+		}
+		in := w.injector(uint64(i)<<56+w.seed*1000+uint64(gen), slow)
+		rdb := s.Client(t)
+		rdb.AddHook(in)
+		rdbs = append(rdbs, rdb)
+		ic.ins = append(ic.ins, in)
+	}
+	opts := []dlock.Option{dlock.WithAutoPipeline(r.IntN(2) == 0)}
+	switch w.topo {
+	case ilSingle:
+		ic.c = dlock.New(rdbs[0], opts...)
+	case ilReplicaAck:
+		ic.c = dlock.New(rdbs[0], append(opts, dlock.WithReplicaAck(1, ilReplicaWait))...)
+	case ilQuorum:
+		ic.c = newQuorum(t, rdbs, append(opts, dlock.WithRestartDelay(w.delay))...)
+	}
+	w.mu.Lock()
+	w.clients = append(w.clients, ic)
+	w.mu.Unlock()
+	return ic
+}
+
+// injector returns the faults of one go-redis client, drawn from seed, the
+// chance of each script fault multiplied by slow.
+func (w *interleaving) injector(seed uint64, slow float64) *faults.Injector {
+	ms, f, p, sf := time.Millisecond, w.prof.faults*slow, w.prof.passes*slow, w.prof.subs
+	return faults.New(faults.Config{
+		Seed:    seed,
+		Scripts: engineScripts(w.t),
 		Rules: []faults.Rule{
 			{Script: "pass", Kind: faults.LoseReply, P: p, Max: 300 * ms},
 			{Script: "pass", Kind: faults.DelaySend, P: p, Max: 150 * ms},
@@ -293,18 +391,6 @@ func (w *interleaving) newClient() *ilClient {
 		MaxDelay: time.Second,
 		Epoch:    w.epoch,
 	})
-	rdb := w.s.Client(t)
-	rdb.AddHook(in)
-	opts := []dlock.Option{dlock.WithAutoPipeline(r.IntN(2) == 0)}
-	if w.replica != nil {
-		opts = append(opts, dlock.WithReplicaAck(1, ilReplicaWait))
-	}
-	c := dlock.New(rdb, opts...)
-	ic := &ilClient{gen: gen, c: c, in: in}
-	w.mu.Lock()
-	w.clients = append(w.clients, ic)
-	w.mu.Unlock()
-	return ic
 }
 
 func (w *interleaving) now() time.Duration { return time.Since(w.epoch) }
@@ -352,6 +438,13 @@ func (w *interleaving) run() {
 			w.replication(rand.New(rand.NewPCG(w.seed, 998)), stop)
 		}()
 	}
+	if w.topo == ilQuorum {
+		chaos.Add(1)
+		go func() {
+			defer chaos.Done()
+			w.skew(rand.New(rand.NewPCG(w.seed, 997)), stop)
+		}()
+	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); done <- struct{}{} }()
 	// Every call a worker makes is bounded (its ctx, or the Client's
@@ -373,7 +466,9 @@ func (w *interleaving) run() {
 	var heard uint64
 	for _, ic := range w.clients {
 		heard += dlock.HandOversHeard(ic.c)
-		t.Logf("client %d faults: %s", ic.gen, ic.in.Summary())
+		for i, in := range ic.ins {
+			t.Logf("client %d%s faults: %s", ic.gen, w.masterName(i), in.Summary())
+		}
 	}
 	t.Logf("hand-overs heard: %d", heard)
 	// Waiters in line at Redis are handed the lock by the release that frees
@@ -382,8 +477,9 @@ func (w *interleaving) run() {
 	// A line that took its waiters for dead would hand over none. The bound
 	// is low: a seed whose profile weighs server pauses and subscription
 	// faults heavily makes few grants, and fewer of them heard (7 of 35 in
-	// one 3 s run of rw).
-	if w.kind != "mutex" && heard < uint64(w.grants/10) {
+	// one 3 s run of rw). A default-mode Mutex has no line, and quorum mode
+	// has none either (no line spans independent masters).
+	if w.kind != "mutex" && w.topo != ilQuorum && heard < uint64(w.grants/10) {
 		t.Errorf("only %d of %d grants were hand-overs heard by a waiter in line", heard, w.grants)
 	}
 	for _, f := range w.fails {
@@ -391,8 +487,10 @@ func (w *interleaving) run() {
 	}
 	if len(w.fails) > 0 && os.Getenv("DLOCK_EVENTS") != "" {
 		for _, ic := range w.clients {
-			for _, e := range ic.in.Events(nil) {
-				t.Logf("client %d event %v", ic.gen, e)
+			for i, in := range ic.ins {
+				for _, e := range in.Events(nil) {
+					t.Logf("client %d%s event %v", ic.gen, w.masterName(i), e)
+				}
 			}
 		}
 	}
@@ -412,17 +510,31 @@ func (w *interleaving) run() {
 	}
 }
 
-// chaos closes and replaces Clients, pauses the server and kills the
-// subscription connections, at seeded random times, until stop.
+// masterName names master i of a quorum run in a message ("" otherwise).
+func (w *interleaving) masterName(i int) string {
+	if w.topo != ilQuorum {
+		return ""
+	}
+	return fmt.Sprintf(" master %d", i)
+}
+
+// chaos closes and replaces Clients, pauses the server (one or two
+// masters of a quorum) and kills the subscription connections, and
+// restarts a quorum master without its data, at seeded random times, until
+// stop.
 func (w *interleaving) chaos(r *rand.Rand, stop <-chan struct{}) {
 	t := w.t
+	events := 3
+	if w.topo == ilQuorum {
+		events = 4
+	}
 	for i := 0; i < 1000; i++ { // bounded; the run's end stops it first
 		select {
 		case <-stop:
 			return
 		case <-time.After(time.Duration(r.Int64N(int64(2 * w.prof.chaos)))):
 		}
-		switch r.IntN(3) {
+		switch r.IntN(events) {
 		case 0: // a Client closes under its workers; a new one takes its place
 			slot := &w.slots[r.IntN(len(w.slots))]
 			old := slot.Swap(w.newClient())
@@ -439,20 +551,71 @@ func (w *interleaving) chaos(r *rand.Rand, stop <-chan struct{}) {
 			}
 		case 1: // the server stops for a while, maybe longer than a TTL
 			d := time.Duration(10+r.IntN(300)) * time.Millisecond
-			w.s.Pause()
+			// A quorum's masters: one or two of them (never a majority).
+			paused := w.masters
+			if w.topo == ilQuorum {
+				paused = nil
+				for _, j := range r.Perm(len(w.masters))[:1+r.IntN(2)] {
+					paused = append(paused, w.masters[j])
+				}
+			}
+			for _, s := range paused {
+				s.Pause()
+			}
 			time.Sleep(d)
-			w.s.Resume()
-			w.count("pause")
-		case 2: // every subscription connection is killed
+			for _, s := range paused {
+				s.Resume()
+			}
+			w.count(fmt.Sprintf("pause %d", len(paused)))
+		case 2: // the subscription connections are killed (of some masters)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if err := w.plain.ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
-				t.Logf("CLIENT KILL: %v", err)
+			for _, plain := range w.plains {
+				if len(w.plains) > 1 && r.IntN(2) == 0 {
+					continue
+				}
+				if err := plain.ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
+					t.Logf("CLIENT KILL: %v", err)
+				}
 			}
 			cancel()
 			w.count("kill pubsub")
+		case 3:
+			w.restart(r.IntN(len(w.masters)))
 		}
 	}
 }
+
+// restart restarts quorum master i without its data (SIGKILL, no
+// persistence), unless a master restarted less than the restart delay ago:
+// one master at a time votes for nobody, so that pausing two more leaves no
+// majority for a short while only.
+func (w *interleaving) restart(i int) {
+	w.mu.Lock()
+	for _, r := range w.restarted {
+		if r.lost() {
+			w.mu.Unlock()
+			return
+		}
+	}
+	w.restarted[i] = ilRestart{killed: time.Now(), delay: w.delay} // before: a lease may lose its copy from now on
+	w.mu.Unlock()
+	w.masters[i].Restart(w.t)
+	w.mu.Lock()
+	w.restarted[i].up = time.Now()
+	w.mu.Unlock()
+	loadScripts(w.t, w.plains[i])
+	w.count("restart")
+}
+
+// ilRestart is a quorum master's last restart.
+type ilRestart struct {
+	killed, up time.Time // when it was killed; when the new process answered (zero: not yet)
+	delay      time.Duration
+}
+
+// lost reports whether the master lost its data less than the restart
+// delay ago: it may not vote yet.
+func (r ilRestart) lost() bool { return !r.killed.IsZero() && time.Since(r.killed) < r.delay }
 
 // replication troubles the replica of a run with replica acknowledgement
 // until stop: the primary's stream is held back from it (it still
@@ -481,6 +644,46 @@ func (w *interleaving) replication(r *rand.Rand, stop <-chan struct{}) {
 	}
 }
 
+// ilSkewMax bounds how far ahead of the clock skew sets a fence counter:
+// below the shortest life of a lock key in a run (an Extend to 40ms), as
+// fences in quorum mode need (a counter that expired with its key is
+// reseeded from the clock, which must have passed every fence handed out;
+// docs/PROTOCOL.md).
+const ilSkewMax = 30 * time.Millisecond
+
+// skewScript sets a free lock's fence counter ARGV[1] µs ahead of the
+// server's clock, unless it is further ahead already.
+var skewScript = redis.NewScript(`
+local h = redis.call('HMGET', KEYS[1], 'o', 'f')
+if h[1] or not h[2] then return 0 end
+local t = redis.call('TIME')
+local f = t[1] * 1000000 + t[2] + tonumber(ARGV[1])
+if f <= tonumber(h[2]) then return 0 end
+redis.call('HSET', KEYS[1], 'f', string.format('%.0f', f))
+return 1`)
+
+// skew sets the fence counter of a random quorum master up to ilSkewMax
+// ahead of its clock every few tens of milliseconds, until stop, if no
+// lease holds it there: the state a master whose clock runs ahead leaves
+// behind a lease it granted.
+func (w *interleaving) skew(r *rand.Rand, stop <-chan struct{}) {
+	hash := wire.KeysOf(wire.DefaultPrefix, w.name).Hash
+	for i := 0; i < 10000; i++ { // bounded; the run's end stops it first
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(10+r.IntN(50)) * time.Millisecond):
+		}
+		plain := w.plains[r.IntN(len(w.plains))]
+		ahead := 1 + r.Int64N(ilSkewMax.Microseconds())
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if n, err := skewScript.Run(ctx, plain, []string{hash}, ahead).Int(); err == nil && n == 1 {
+			w.count("skew")
+		}
+		cancel()
+	}
+}
+
 // round is one worker's turn: obtain the lock, hold it for a while doing
 // what a holder may, give it up.
 func (w *interleaving) round(r *rand.Rand, slot int) {
@@ -494,8 +697,10 @@ func (w *interleaving) round(r *rand.Rand, slot int) {
 		return
 	}
 	w.granted(me)
-	if w.replica != nil {
-		w.checkRedis() // at once: the replica must have what was confirmed
+	if w.topo != ilSingle {
+		// At once: the replica must have what was confirmed, a majority of
+		// masters what they granted, with its fence.
+		w.checkRedis(me)
 	}
 	w.hold(r, me)
 	w.release(r, me)
@@ -519,7 +724,7 @@ func (w *interleaving) obtain(r *rand.Rand, ic *ilClient) (*ilLease, error) {
 		cancel() // an ended ctx: no lease, nothing left behind
 	}
 	try := r.IntN(5) == 0
-	me := &ilLease{ic: ic, client: ic.gen, permits: 1}
+	me := &ilLease{ic: ic, client: ic.gen, permits: 1, called: w.now()}
 	var l *dlock.Lease
 	var err error
 	switch w.kind {
@@ -609,7 +814,9 @@ func (w *interleaving) hold(r *rand.Rand, me *ilLease) {
 		case r.Float64() < w.prof.extend/2:
 			// Two calls on one lease at once: an Extend while its renewal is
 			// on the wire.
-			if me.ic.in.WaitInFlight(300*time.Millisecond, func(c faults.Call) bool { return c.Via == faults.Batch && c.Has(me.l.Token()) }) {
+			// (In quorum mode a renewal goes to every master at once: the
+			// first master's shows it.)
+			if me.ic.ins[0].WaitInFlight(300*time.Millisecond, func(c faults.Call) bool { return c.Via == faults.Batch && c.Has(me.l.Token()) }) {
 				w.count("Extend during renewal")
 			}
 			w.extendTo(r, me, time.Duration(1000+r.IntN(ilMaxTTL-1000))*time.Millisecond)
@@ -631,7 +838,7 @@ func (w *interleaving) hold(r *rand.Rand, me *ilLease) {
 			time.Sleep(time.Duration(r.IntN(2000)) * time.Microsecond)
 		}
 		w.check("hold of " + me.String())
-		w.checkRedis()
+		w.checkRedis(nil)
 	}
 }
 
@@ -641,7 +848,7 @@ func (w *interleaving) hold(r *rand.Rand, me *ilLease) {
 func (w *interleaving) watch(r *rand.Rand, d time.Duration) {
 	for end := time.Now().Add(d); time.Now().Before(end); {
 		time.Sleep(min(time.Until(end), time.Duration(10+r.IntN(30))*time.Millisecond))
-		w.checkRedis()
+		w.checkRedis(nil)
 	}
 }
 
@@ -679,7 +886,9 @@ func (w *interleaving) reenter(r *rand.Rand, me *ilLease) {
 	}
 	switch w.kind {
 	case "mutex", "fair":
-		opts := []dlock.LockOption{}
+		// (Its TTL is not asked for, the holding's stays; but quorum mode
+		// refuses one above the restart delay, as DefaultTTL is.)
+		opts := []dlock.LockOption{dlock.TTL(w.maxTTL)}
 		if w.kind == "fair" {
 			opts = append(opts, dlock.Fair())
 		}

@@ -234,7 +234,7 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 			// The grant's reply came when the lease it granted may already
 			// have expired (fault 3): not obtained, and given back.
 			_ = lk.proto.giveBack(ctx, lk, h.token)
-			return r, fmt.Errorf("acquire: granted, but the reply came %v after the request, past the lease's validity (TTL %v): given back", took.Round(time.Millisecond), lk.ttl)
+			return r, fmt.Errorf("%w: acquire: granted, but the reply came %v after the request, past the lease's validity (TTL %v): given back", ErrNotObtained, took.Round(time.Millisecond), lk.ttl)
 		}
 		r.ok, r.fence, r.already = true, uint64(n), third == 1
 		return r, nil

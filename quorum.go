@@ -318,7 +318,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		}
 		q.drain(votes, n-got)
 		q.dropAll(ctx, lk, token)
-		return r, true, fmt.Errorf("acquire: %d of %d masters granted, but %s", len(granted), n, why)
+		return r, true, fmt.Errorf("%w: acquire: %d of %d masters granted, but %s (given back)", ErrNotObtained, len(granted), n, why)
 	}
 	// No majority, and every vote is in (each bounded by the per-master
 	// timeout): everything it granted is given back.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faults"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -372,4 +373,172 @@ func TestQuorumLockWaitsWithMastersDown(t *testing.T) {
 		t.Fatalf("the waiter, after the holder unlocked: %v", err)
 	}
 	_ = l2.Unlock(ctx)
+}
+
+func TestQuorumLateAnswerOfAnEarlierAttempt(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 3)
+	late := time.Second
+	rules := [][]faults.Rule{
+		// The first attempt's answer comes long after the master's timeout.
+		{{Script: "quorum_acquire", Kind: faults.DelaySend, Calls: []int{1}, Min: late}},
+		// The first attempt gets no majority; the second gets one without m2.
+		{{Script: "quorum_acquire", Kind: faults.FailSend, Calls: []int{1}}},
+		{{Script: "quorum_acquire", Kind: faults.FailSend, Calls: []int{2}}},
+	}
+	var faulty []redis.UniversalClient
+	var first *faults.Injector
+	for i, s := range servers {
+		loadScripts(t, rdbs[i].(*redis.Client))
+		in := faults.New(faults.Config{Scripts: engineScripts(t), Rules: rules[i], MaxDelay: 2 * late})
+		if i == 0 {
+			first = in
+		}
+		rdb := s.Client(t)
+		rdb.AddHook(in)
+		faulty = append(faulty, rdb)
+	}
+	a, b := newQuorum(t, faulty), newQuorum(t, rdbs)
+	// A TTL whose first renewal comes well after the late answer.
+	l, err := a.Mutex("late", dlock.TTL(20*time.Second)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Unlock(ctx) }()
+	if !first.WaitInFlight(time.Second, func(faults.Call) bool { return true }) {
+		t.Fatal("the first attempt's call to master 0 is not in flight")
+	}
+	for first.InFlight(func(faults.Call) bool { return true }) {
+		time.Sleep(time.Millisecond)
+	}
+	holders := func() (n int) {
+		for _, s := range servers {
+			if s.Do(t, "hget", "dlock:{late}", "o") == l.Token() {
+				n++
+			}
+		}
+		return n
+	}
+	// What a late answer sets off runs in the background: look for a while.
+	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if n := holders(); n < 2 {
+			t.Errorf("the lease is held on %d of 3 masters after the first attempt's late answer (believed valid: %v)", n, l.Context().Err() == nil)
+			break
+		}
+	}
+	if l2, err := b.Mutex("late").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("another Client's TryLock while the lease is valid (%v): %v, %v", context.Cause(l.Context()), l2, err)
+	}
+}
+
+func TestQuorumFirstUseBesideOtherCalls(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers := redistest.Masters(t, 3)
+	for round := range 10 {
+		rdbs := make([]redis.UniversalClient, len(servers))
+		for i, s := range servers {
+			rdbs[i] = s.Client(t)
+		}
+		c := newQuorum(t, rdbs, dlock.WithRestartDelay(0))
+		done := make(chan error, 1)
+		go func() {
+			l, err := c.Mutex("first").TryLock(ctx)
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			done <- err
+		}()
+		for _, r := range rdbs {
+			if err := r.Ping(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+}
+
+func TestQuorumMajorityTooLate(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 3)
+	faulty := func(rule faults.Rule) *dlock.Client {
+		var fr []redis.UniversalClient
+		for i, s := range servers {
+			loadScripts(t, rdbs[i].(*redis.Client))
+			rdb := s.Client(t)
+			rdb.AddHook(faults.New(faults.Config{Scripts: engineScripts(t), Rules: []faults.Rule{rule}}))
+			fr = append(fr, rdb)
+		}
+		return newQuorum(t, fr, dlock.WithNodeTimeout(time.Second))
+	}
+	for _, tc := range []struct {
+		what  string
+		c     *dlock.Client
+		ttl   time.Duration
+		ahead func(master int) time.Duration // each master's counter, ahead of the clock
+	}{{
+		what: "validity",
+		// Every grant comes back after the lease's TTL; the counters are
+		// the same, so that no raise is needed.
+		c:     faulty(faults.Rule{Script: "quorum_acquire", Kind: faults.DelayReply, P: 1, Min: 200 * time.Millisecond}),
+		ttl:   100 * time.Millisecond,
+		ahead: func(int) time.Duration { return time.Hour },
+	}, {
+		what: "fence",
+		// Every raise fails, and the counters differ, so that one is needed.
+		c:     faulty(faults.Rule{Script: "quorum_fence", Kind: faults.FailSend, P: 1}),
+		ttl:   5 * time.Second,
+		ahead: func(i int) time.Duration { return time.Duration(i+1) * time.Hour },
+	}} {
+		name := "late-" + tc.what
+		now := time.Now()
+		for i, s := range servers {
+			s.Do(t, "hset", "dlock:{"+name+"}", "f", now.Add(tc.ahead(i)).UnixMicro())
+		}
+		_, err := tc.c.Mutex(name, dlock.TTL(tc.ttl)).TryLock(ctx)
+		if !errors.Is(err, dlock.ErrNotObtained) {
+			t.Errorf("%s: TryLock: %v, want ErrNotObtained", tc.what, err)
+		}
+		for i, s := range servers {
+			if o := s.Do(t, "hget", "dlock:{"+name+"}", "o"); o != nil {
+				t.Errorf("%s: master %d still names owner %v", tc.what, i, o)
+			}
+		}
+	}
+}
+
+func TestQuorumEpochNotBeforeRestart(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 3)
+	conclusive := 0
+	for range 3 {
+		// Kill at the middle of a second; certify just after the next one.
+		now := time.Now()
+		time.Sleep(now.Truncate(time.Second).Add(1500*time.Millisecond).Sub(now) % time.Second)
+		killed := time.Now()
+		servers[0].Restart(t)
+		up := time.Now()
+		next := killed.Truncate(time.Second).Add(time.Second)
+		time.Sleep(time.Until(next.Add(30 * time.Millisecond)))
+		// A new Client certifies each master at its first call.
+		c := newQuorum(t, rdbs)
+		if l, err := c.Mutex("epoch").TryLock(ctx); err == nil {
+			_ = l.Unlock(ctx)
+		}
+		start, _, _ := strings.Cut(servers[0].Do(t, "get", "dlock:epoch").(string), " ") // "START RUN_ID"
+		epoch, err := strconv.ParseInt(start, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := time.UnixMilli(epoch); e.Before(killed) {
+			t.Fatalf("the epoch of a master restarted at %s is %s, %v before it", killed.Format("15:04:05.000"), e.Format("15:04:05.000"), killed.Sub(e))
+		}
+		if up.Before(next) {
+			conclusive++
+		}
+	}
+	if conclusive == 0 {
+		t.Fatal("no restart took less than half a second: nothing was checked")
+	}
 }

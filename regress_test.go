@@ -29,18 +29,26 @@ func engineScripts(t testing.TB) *faults.Scripts {
 // NOSCRIPT reply instead of the script's work.
 func faultyClient(t testing.TB, s *redistest.Server, rules ...faults.Rule) (*dlock.Client, *faults.Injector) {
 	t.Helper()
-	plain := s.Client(t)
-	for _, sc := range wire.Scripts() {
-		if err := plain.ScriptLoad(context.Background(), sc.Src).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	loadScripts(t, s.Client(t))
 	in := faults.New(faults.Config{Scripts: engineScripts(t), Rules: rules, MaxDelay: 5 * time.Second})
 	rdb := s.Client(t)
 	rdb.AddHook(in)
 	c := dlock.New(rdb)
 	t.Cleanup(func() { _ = c.Close() })
 	return c, in
+}
+
+// loadScripts loads every script of the engine on rdb's server, so that a
+// fault never meets a NOSCRIPT reply instead of the script's work.
+func loadScripts(t testing.TB, rdb *redis.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, sc := range wire.Scripts() {
+		if err := rdb.ScriptLoad(ctx, sc.Src).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // slowRecords returns Clients on s for inTurn: a plain one, and one whose

@@ -15,7 +15,6 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/faults"
 	"github.com/dlock-go/dlock/internal/redistest"
-	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -23,12 +22,7 @@ import (
 // Client options.
 func reviewClient(t testing.TB, s *redistest.Server, maxDelay time.Duration, opts []dlock.Option, rules ...faults.Rule) (*dlock.Client, *faults.Injector) {
 	t.Helper()
-	plain := s.Client(t)
-	for _, sc := range wire.Scripts() {
-		if err := plain.ScriptLoad(context.Background(), sc.Src).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	loadScripts(t, s.Client(t))
 	in := faults.New(faults.Config{Scripts: engineScripts(t), Rules: rules, MaxDelay: maxDelay})
 	rdb := s.Client(t)
 	rdb.AddHook(in)
