@@ -85,9 +85,6 @@ type holding struct {
 	turnEnd   uint64 // default mode: the last local waiter of this Client's turn (see queue.go); 0: none
 	contended bool   // obtained after waiting: its release is likely awaited
 	acqDoubt  bool   // an acquire of it had an unknown outcome
-	// Quorum mode: acqDone[i] is closed once master i's acquire that
-	// granted the holding has answered or timed out (see quorum.release).
-	acqDone []chan struct{}
 
 	tried time.Time // when the last renewal was sent
 

@@ -484,13 +484,10 @@ func (q *quorum) dropLater(lk *lock, m *member, token string, granted bool) {
 // releaseOn runs release.lua for token on m (without a line), publishing
 // fence as the released fence.
 func (q *quorum) releaseOn(ctx context.Context, m *member, lk *lock, token, fence string) (any, error) {
-	if err := m.c.pubsubReady(ctx); err != nil {
-		return nil, err
-	}
 	// Sent once (see onceCmd): a resend that go-redis made by itself
 	// after a run whose reply was lost would answer "not the owner", and
 	// Unlock would take a release that went through for a lost lease.
-	args := []any{"evalsha", releaseScript.sha, "1", lk.hash, token, fence, m.c.idleArg, lk.hash, m.c.ps.arg}
+	args := []any{"evalsha", releaseScript.sha, "1", lk.hash, token, fence, m.c.idleArg, lk.hash, m.pubArg()}
 	return releaseScript.do(ctx, m.c.rdb, args, true)
 }
 
@@ -520,7 +517,7 @@ func (q *quorum) release(ctx context.Context, h *holding) (any, error) {
 	switch {
 	case no >= q.maj:
 		return int64(wire.ReleaseNotOwner), nil
-	case ok+no >= q.maj || ok > 0 && firstErr == nil:
+	case ok+no >= q.maj:
 		return int64(wire.ReleaseFreed), nil
 	}
 	return nil, fmt.Errorf("%d of %d masters answered: %w", ok+no, len(q.members), firstErr)
@@ -535,12 +532,10 @@ func (q *quorum) releaseAll(ctx context.Context, hs []*holding) {
 		return
 	}
 	_ = q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
-		if err := m.c.pubsubReady(ctx); err != nil {
-			return nil, err
-		}
+		pub := m.pubArg()
 		calls := make([]call, len(hs))
 		for i, h := range hs {
-			calls[i] = call{releaseScript, h.lk.keyArr[:1], []any{h.token, h.fenceStr, m.c.idleArg, h.lk.hash, m.c.ps.arg}}
+			calls[i] = call{releaseScript, h.lk.keyArr[:1], []any{h.token, h.fenceStr, m.c.idleArg, h.lk.hash, pub}}
 		}
 		return m.pipe(ctx, calls)
 	}, nil))
@@ -572,11 +567,35 @@ func (m *member) pipe(ctx context.Context, calls []call) ([]*redis.Cmd, error) {
 // the answers as ask expects one master's: an extend is 1 with a majority
 // that extended, 0 once no majority can have, else an error; a pttl is how
 // long a majority still has it (-1: no majority can).
+//
+// It returns as soon as the answers in decide it: a master that is down
+// costs the others nothing (its request ends at the per-master timeout,
+// in the background).
 func (q *quorum) ask(ctx context.Context, k call) (any, error) {
-	votes := q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
+	in := q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
 		return k.s.run(ctx, m.c.rdb, k.keys, k.args...)
-	}, nil))
+	}, nil)
+	votes := q.pending()
+	for range q.members {
+		v := <-in
+		votes[v.i] = v
+		if r, err := q.combine(k, votes); err == nil || isForeign(err) {
+			return r, err
+		}
+	}
 	return q.combine(k, votes)
+}
+
+// errPending stands for a vote not in yet.
+var errPending = errors.New("no answer yet")
+
+// pending returns a vote per master, each not in yet.
+func (q *quorum) pending() []vote {
+	votes := make([]vote, len(q.members))
+	for i := range votes {
+		votes[i] = vote{i: i, err: errPending}
+	}
+	return votes
 }
 
 func (q *quorum) combine(k call, votes []vote) (any, error) {
@@ -788,4 +807,17 @@ func (q *quorum) closeMembers() {
 	for _, m := range q.members {
 		_ = m.c.Close()
 	}
+}
+
+// pubArg is the publish command m's releases use: its server's, once its
+// Client knows it (its subscriptions ask), else SPUBLISH, which Redis 7
+// has. A release does not wait to ask: a master that is down would cost
+// every release the per-master timeout, and a wake-up lost on a server
+// without SPUBLISH (the script publishes with pcall) is one master's of
+// several, and bounded by the holder's TTL in any case.
+func (m *member) pubArg() string {
+	if m.c.ps.known.Load() {
+		return m.c.ps.arg
+	}
+	return wire.PublishSharded
 }

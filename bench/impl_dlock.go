@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -89,7 +90,13 @@ var dlockQuorum = &quorumImpl{
 	// data is older than the restart delay (its epoch key says when the
 	// data began). Set it to long ago, as a master up for a while has it.
 	prepare: func(ctx context.Context, rdb *redis.Client) error {
-		return rdb.Set(ctx, "dlock:epoch", 0, 0).Err()
+		info, err := rdb.Info(ctx, "server").Result()
+		if err != nil {
+			return err
+		}
+		_, run, _ := strings.Cut(info, "run_id:")
+		run, _, _ = strings.Cut(run, "\r\n")
+		return rdb.Set(ctx, "dlock:epoch", "0 "+run, 0).Err() // "START RUN_ID"
 	},
 	held: func(ctx context.Context, rdb *redis.Client, key string) (bool, error) {
 		n, err := rdb.HExists(ctx, "dlock:{"+key+"}", "o").Result()
