@@ -29,6 +29,7 @@ type member struct {
 	c    *Client
 	rdb  *redis.Client
 	addr string
+	idx  int // its place in quorum.members
 }
 
 var (
@@ -116,7 +117,7 @@ func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
 			return nil, invalidf("NewQuorum: masters %d and %d are both %s: the masters must be independent", j, i, addr)
 		}
 		seen[addr] = i
-		q.members = append(q.members, &member{rdb: rc, addr: addr})
+		q.members = append(q.members, &member{rdb: rc, addr: addr, idx: i})
 	}
 	c := newClient(nil, cfg)
 	c.q = q
@@ -255,6 +256,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	n := len(q.members)
 	granted := make(map[int]uint64, n)
 	var doubt, held, refused int // refused: no vote (restarting) or a bad reply
+	var unknown []int            // the masters in doubt: their outcome is unknown
 	// heldBy counts the held replies by the holder's fence: a holder with
 	// a majority has raised its fence on one (see raise), while contenders
 	// in the middle of their attempts hold the masters with fences of each
@@ -277,6 +279,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 			}
 			firstErr = cmp(firstErr, v.err)
 			doubt++
+			unknown = append(unknown, v.i)
 		case len(a) < 2:
 			firstErr = cmp(firstErr, fmt.Errorf("unexpected acquire reply %v", v.v))
 			refused++
@@ -316,14 +319,21 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		if !ok {
 			why = "its fence could not be raised on a majority"
 		}
-		q.drain(votes, n-got)
-		q.dropAll(ctx, lk, token)
+		for _, v := range q.drain(votes, n-got) {
+			if v.err != nil {
+				unknown = append(unknown, v.i)
+			} else if granting(v.v, nil) {
+				f, _ := v.v.([]any)[1].(int64)
+				granted[v.i] = uint64(f)
+			}
+		}
+		q.giveBack(ctx, lk, token, granted, unknown)
 		return r, true, fmt.Errorf("%w: acquire: %d of %d masters granted, but %s (given back)", ErrNotObtained, len(granted), n, why)
 	}
 	// No majority, and every vote is in (each bounded by the per-master
 	// timeout): everything it granted is given back.
 	if len(granted)+doubt > 0 {
-		q.dropAll(ctx, lk, token)
+		q.giveBack(ctx, lk, token, granted, unknown)
 	}
 	if held > 0 {
 		r.left = left
@@ -370,10 +380,36 @@ func granting(v any, err error) bool {
 	return err != nil || ok && len(a) >= 2 && a[0] == int64(1)
 }
 
-// drain waits for the last k votes.
-func (q *quorum) drain(votes <-chan vote, k int) {
+// drain waits for the last k votes and returns them.
+func (q *quorum) drain(votes <-chan vote, k int) []vote {
+	out := make([]vote, 0, k)
 	for range k {
-		<-votes
+		out = append(out, <-votes)
+	}
+	return out
+}
+
+// giveBack gives back what a failed attempt with token got: on the masters
+// that granted it at once, waiting for them (as dropAll does); on those
+// whose outcome is unknown in the background (dropLater), since they may
+// be down and the caller would wait out their timeouts for nothing. A
+// master that answered without granting has nothing of the attempt's.
+func (q *quorum) giveBack(ctx context.Context, lk *lock, token string, granted map[int]uint64, unknown []int) {
+	if len(granted) > 0 {
+		votes := q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
+			if _, ok := granted[m.idx]; !ok {
+				return nil, nil
+			}
+			return q.releaseOn(ctx, m, lk, token, "0")
+		}, nil))
+		for _, v := range votes {
+			if _, ok := granted[v.i]; ok && v.err != nil && ctx.Err() != nil {
+				q.dropLater(lk, q.members[v.i], token, true)
+			}
+		}
+	}
+	for _, i := range unknown {
+		q.dropLater(lk, q.members[i], token, false)
 	}
 }
 
