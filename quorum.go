@@ -204,11 +204,13 @@ type vote struct {
 
 // fanOut sends f to every master at once, each bounded by the per-master
 // timeout (and ctx), and delivers the answers as they come. The channel
-// gets exactly one vote per master.
+// gets exactly one vote per master. Each request runs on its member's
+// goroutines, which Close waits for: a caller that returns once the votes
+// in decide (ask) leaves the rest running, bounded by the timeout.
 func (q *quorum) fanOut(ctx context.Context, f func(ctx context.Context, m *member) (any, error), late func(m *member, v any, err error)) <-chan vote {
 	out := make(chan vote, len(q.members))
 	for i, m := range q.members {
-		go func() {
+		send := func() {
 			nctx, cancel := context.WithTimeout(ctx, q.node)
 			defer cancel()
 			var l func(any, error)
@@ -217,7 +219,10 @@ func (q *quorum) fanOut(ctx context.Context, f func(ctx context.Context, m *memb
 			}
 			v, err := m.c.aside(nctx, func(ctx context.Context) (any, error) { return f(ctx, m) }, l)
 			out <- vote{i, v, err}
-		}()
+		}
+		if !m.c.goBg(send) {
+			go send() // the members are closing: a request raced with Close
+		}
 	}
 	return out
 }
