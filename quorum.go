@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/wire"
@@ -205,11 +206,13 @@ type vote struct {
 
 // fanOut sends f to every master at once, each bounded by the per-master
 // timeout (and ctx), and delivers the answers as they come. The channel
-// gets exactly one vote per master.
+// gets exactly one vote per master. Each request runs on its member's
+// goroutines, which Close waits for: a caller that returns once the votes
+// in decide (ask) leaves the rest running, bounded by the timeout.
 func (q *quorum) fanOut(ctx context.Context, f func(ctx context.Context, m *member) (any, error), late func(m *member, v any, err error)) <-chan vote {
 	out := make(chan vote, len(q.members))
 	for i, m := range q.members {
-		go func() {
+		send := func() {
 			nctx, cancel := context.WithTimeout(ctx, q.node)
 			defer cancel()
 			var l func(any, error)
@@ -218,7 +221,10 @@ func (q *quorum) fanOut(ctx context.Context, f func(ctx context.Context, m *memb
 			}
 			v, err := m.c.aside(nctx, func(ctx context.Context) (any, error) { return f(ctx, m) }, l)
 			out <- vote{i, v, err}
-		}()
+		}
+		if !m.c.goBg(send) {
+			go send() // the members are closing: a request raced with Close
+		}
 	}
 	return out
 }
@@ -244,12 +250,17 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	lk, token := h.lk, h.token
 	r.sent = h.c.sendTime()
 	delay := formatMillis(q.delay)
+	d := &decision{}
+	defer func() { d.decide(q, lk, token, r.ok) }()
 	votes := q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
 		return quorumAcquireScript.run(ctx, m.c.rdb, []string{lk.hash, q.epoch}, token, lk.ttlArg, delay)
 	}, func(m *member, v any, err error) {
 		// This master answered after its timeout: give back what it
-		// granted (or may have).
-		if granting(v, err) {
+		// granted (or may have), unless the attempt won and its lease
+		// lives on. Renewals go to every master and count its
+		// extension: a give-back would take away a master that a
+		// renewal counted. Its release, sent after this reply, frees it.
+		if granting(v, err) && !d.keep(h, m, err == nil) {
 			q.dropLater(lk, m, token, err == nil)
 		}
 	})
@@ -360,16 +371,66 @@ func (q *quorum) rest(h *holding, votes <-chan vote, k int) {
 	follow := func() {
 		for range k {
 			v := <-votes
-			h.mu.Lock()
-			gone := !h.relSent.IsZero() || h.st.final()
-			h.mu.Unlock()
-			if gone && v.err == nil && granting(v.v, nil) {
+			if h.gone() && v.err == nil && granting(v.v, nil) {
 				q.dropLater(lk, q.members[v.i], token, true)
 			}
 		}
 	}
 	if !lk.c.goBg(follow) {
 		follow() // the Client is closing: each vote comes within the per-master timeout
+	}
+}
+
+// gone reports whether h's release was sent or h ended otherwise.
+func (h *holding) gone() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.relSent.IsZero() || h.st.final()
+}
+
+// A decision is an acquire attempt's outcome, for the replies that come
+// after their per-master timeout (acquire's late callback).
+type decision struct {
+	mu   sync.Mutex
+	done bool
+	won  bool
+	late []lateGrant // late grants before the decision
+}
+
+// A lateGrant is a master whose acquire reply came after its timeout:
+// granted, or an error (it may have).
+type lateGrant struct {
+	m       *member
+	granted bool
+}
+
+// keep reports whether m's late grant stays for the attempt's lease: it
+// won and h is not gone. Before the decision it is kept aside for decide.
+func (d *decision) keep(h *holding, m *member, granted bool) bool {
+	d.mu.Lock()
+	if !d.done {
+		d.late = append(d.late, lateGrant{m, granted})
+		d.mu.Unlock()
+		return true
+	}
+	won := d.won
+	d.mu.Unlock()
+	return won && !h.gone()
+}
+
+// decide records the attempt's outcome; a lost one gives back the late
+// grants that came before it.
+func (d *decision) decide(q *quorum, lk *lock, token string, won bool) {
+	d.mu.Lock()
+	d.done, d.won = true, won
+	late := d.late
+	d.late = nil
+	d.mu.Unlock()
+	if won {
+		return
+	}
+	for _, g := range late {
+		q.dropLater(lk, g.m, token, g.granted)
 	}
 }
 
