@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"go/ast"
 	"net"
 	"slices"
 	"strconv"
@@ -952,9 +951,4 @@ func TestFault8QuorumRestartFromOlderSnapshot(t *testing.T) {
 	if err == nil && stillValid(la) {
 		t.Fatalf("B obtained the lock on masters %v while A's lease is believed valid", heldOn(t, servers, name, lb.Token()))
 	}
-}
-
-func isZero(e ast.Expr) bool {
-	lit, ok := e.(*ast.BasicLit)
-	return ok && lit.Value == "0"
 }
