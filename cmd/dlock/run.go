@@ -411,7 +411,7 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, srv lockServers, 
 		// Even if the lock came at the same moment, the user asked to stop
 		// before COMMAND started.
 		if lease != nil {
-			if _, again := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr); again != nil {
+			if again, _ := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr); again != nil {
 				sig = again
 			}
 		}
@@ -508,7 +508,7 @@ func superviseRun(ctx context.Context, sigs <-chan os.Signal, lease *dlock.Lease
 	if err != nil {
 		restoreTTY()
 		fmt.Fprintf(stderr, "dlock run: cannot start %s: %v\n", f.command[0], err)
-		_, sig := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr)
+		sig, _ := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr)
 		return orSignal(exitCannotRun, sig)
 	}
 
@@ -548,7 +548,7 @@ wait:
 
 	if res.startCode != 0 {
 		fmt.Fprintf(stderr, "dlock run: cannot run %s: %s\n", f.command[0], res.startErr)
-		_, sig := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr)
+		sig, _ := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr)
 		return orSignal(res.startCode, sig)
 	}
 	if leaseLost {
@@ -557,10 +557,10 @@ wait:
 		}
 		// Nothing is protected any more; the release only gives back a key
 		// that may still be ours, so it is not worth a long wait.
-		_, sig := releaseForRun(ctx, sigs, lease, runLostReleaseTimeout, f, stderr)
+		sig, _ := releaseForRun(ctx, sigs, lease, runLostReleaseTimeout, f, stderr)
 		return orSignal(exitLeaseLost, sig)
 	}
-	err, sig := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr)
+	sig, err := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr)
 	switch {
 	case sig != nil:
 		return dieOf(sig, res.code)
@@ -608,18 +608,18 @@ func commandEnv(f runFlags, lease *dlock.Lease) []string {
 
 // releaseForRun releases the lock within bound and returns the release's
 // error. A signal ends the wait (the lock then expires within its TTL) and
-// is returned.
-func releaseForRun(ctx context.Context, sigs <-chan os.Signal, lease *dlock.Lease, bound time.Duration, f runFlags, stderr io.Writer) (error, os.Signal) {
+// is returned first.
+func releaseForRun(ctx context.Context, sigs <-chan os.Signal, lease *dlock.Lease, bound time.Duration, f runFlags, stderr io.Writer) (os.Signal, error) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
 	defer cancel()
 	released := make(chan error, 1)
 	go func() { released <- lease.Unlock(uctx) }()
 	select {
 	case err := <-released:
-		return err, nil
+		return nil, err
 	case sig := <-sigs:
 		fmt.Fprintf(stderr, "dlock run: received %s while releasing lock %q; not waiting (it expires within %v)\n", sigName(sig), f.name, f.ttl)
-		return nil, sig
+		return sig, nil
 	}
 }
 

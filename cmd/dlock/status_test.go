@@ -183,7 +183,7 @@ func TestTextOutputEscapesControlCharacters(t *testing.T) {
 			t.Errorf("status %q: a name or token forged a line: %q", name, out)
 		}
 	}
-	code, out, errOut = runDlock(t, s.Addr(), "unlock", "--force", "--token", "other\x1b[2J", "tok")
+	_, out, errOut = runDlock(t, s.Addr(), "unlock", "--force", "--token", "other\x1b[2J", "tok")
 	clean("unlock --token (refused)", out+errOut, 1)
 	code, out, errOut = runDlock(t, s.Addr(), "unlock", "--force", "tok")
 	if code != 0 {
