@@ -29,7 +29,7 @@ vet:
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }
 
 test: redis-server cc vet
-	$(GO) test -race -count=1 -timeout 12m ./...
+	$(GO) test -race -count=1 -timeout 25m ./...
 
 # chaos explores interleavings for longer than make test does: DLOCK_CHAOS
 # per run (default 10s), DLOCK_CHAOS_ROUNDS seeds per primitive (default 10);
