@@ -45,26 +45,7 @@ func TestFault9ClockJumpForwardReal(t *testing.T) {
 		t.Fatalf("early expiry not reproduced: %v", err)
 	}
 	defer cur.Unlock(ctx)
-	if cur.Fence() <= old.Fence() {
-		t.Fatalf("new holder's fence %d not above the old holder's %d", cur.Fence(), old.Fence())
-	}
-	if !writeFenced(ctx, rdb, cur.Fence(), "new holder") {
-		t.Fatal("current holder's write rejected")
-	}
-	if writeFenced(ctx, rdb, old.Fence(), "stale holder") {
-		t.Fatal("stale holder's write accepted by the fenced register")
-	}
-	select {
-	case <-old.Context().Done():
-		if cause := context.Cause(old.Context()); !errors.Is(cause, dlock.ErrLockLost) {
-			t.Fatalf("old lease ended with %v, want ErrLockLost", cause)
-		}
-	case <-ctx.Done():
-		t.Fatal("the old holder was never told: its renewals did not notice the key gone")
-	}
-	if err := old.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
-		t.Fatalf("stale Unlock: %v, want ErrLockLost", err)
-	}
+	staleHolderRefused(t, ctx, rdb, old, cur, "did not notice the key gone")
 	if o := rdb.HGet(ctx, "dlock:{jump-real}", "o").Val(); o != cur.Token() {
 		t.Fatal("the stale holder's renewal or Unlock touched the new holder's lock")
 	}
@@ -266,18 +247,6 @@ func patientQuorum(t *testing.T, rdbs []redis.UniversalClient) *dlock.Client {
 	return newQuorum(t, rdbs, dlock.WithNodeTimeout(time.Second))
 }
 
-// holdersOf counts the masters on which token owns key.
-func holdersOf(t *testing.T, servers []*redistest.Server, key, token string) int {
-	t.Helper()
-	n := 0
-	for _, s := range servers {
-		if s.Do(t, "hget", key, "o") == token {
-			n++
-		}
-	}
-	return n
-}
-
 // Fault 9 on Q: the clocks of two of the five masters jump an hour
 // forward: their copies of the lock expire, but three still hold it, so a
 // contender is refused and the holder renews on its majority. When a third
@@ -295,7 +264,7 @@ func TestFault9QuorumClockJumpForward(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := holdersOf(t, servers, key, old.Token()); n != 5 {
+	if n := len(heldOn(t, servers, "qjump", old.Token())); n != 5 {
 		t.Fatalf("granted on %d masters, want all 5", n)
 	}
 	if !writeFenced(ctx, reg, old.Fence(), "old holder") {
@@ -303,7 +272,7 @@ func TestFault9QuorumClockJumpForward(t *testing.T) {
 	}
 
 	shiftClocks(t, servers[:2], time.Hour)
-	if n := holdersOf(t, servers, key, old.Token()); n != 3 {
+	if n := len(heldOn(t, servers, "qjump", old.Token())); n != 3 {
 		t.Fatalf("the holder owns the lock on %d masters after two clocks jumped, want 3", n)
 	}
 	if _, err := b.Mutex("qjump").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
@@ -322,27 +291,8 @@ func TestFault9QuorumClockJumpForward(t *testing.T) {
 	if old.Context().Err() != nil {
 		t.Log("the old lease had already ended")
 	}
-	if cur.Fence() <= old.Fence() {
-		t.Fatalf("new holder's fence %d not above the old holder's %d", cur.Fence(), old.Fence())
-	}
-	if !writeFenced(ctx, reg, cur.Fence(), "new holder") {
-		t.Fatal("current holder's write rejected")
-	}
-	if writeFenced(ctx, reg, old.Fence(), "stale holder") {
-		t.Fatal("stale holder's write accepted by the fenced register")
-	}
-	select {
-	case <-old.Context().Done():
-		if cause := context.Cause(old.Context()); !errors.Is(cause, dlock.ErrLockLost) {
-			t.Fatalf("old lease ended with %v, want ErrLockLost", cause)
-		}
-	case <-ctx.Done():
-		t.Fatal("the old holder was never told: its renewals did not miss their majority")
-	}
-	if err := old.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
-		t.Fatalf("stale Unlock: %v, want ErrLockLost", err)
-	}
-	if n := holdersOf(t, servers, key, cur.Token()); n < 3 {
+	staleHolderRefused(t, ctx, reg, old, cur, "did not miss their majority")
+	if n := len(heldOn(t, servers, "qjump", cur.Token())); n < 3 {
 		t.Fatalf("the new holder owns the lock on %d masters after the stale Unlock, want at least 3", n)
 	}
 }
@@ -372,14 +322,14 @@ func TestFault10QuorumClockJumpsBackward(t *testing.T) {
 			t.Fatalf("TryLock while held: %v, want ErrNotObtained", err)
 		}
 	})
-	if n := holdersOf(t, servers, key, l.Token()); n < 3 {
+	if n := len(heldOn(t, servers, "qback", l.Token())); n < 3 {
 		t.Fatalf("the holder owns the lock on %d masters, want a majority", n)
 	}
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatalf("Unlock: %v", err)
 	}
 	// A master whose release failed keeps it until its TTL: never a majority.
-	if n := holdersOf(t, servers, key, l.Token()); n > 2 {
+	if n := len(heldOn(t, servers, "qback", l.Token())); n > 2 {
 		t.Fatalf("the lock is still owned on %d masters after Unlock", n)
 	}
 	next, err := b.Mutex("qback").Lock(ctx)
@@ -410,7 +360,36 @@ func TestFault10QuorumClockJumpsBackward(t *testing.T) {
 	if ahead := time.Duration(epoch-clock.UnixMilli()) * time.Millisecond; ahead < time.Hour-time.Minute {
 		t.Fatalf("epoch set %v ahead of the master's clock, want its start, about 1h ahead", ahead)
 	}
-	if n := holdersOf(t, servers, "dlock:{qback2}", l2.Token()); n < 3 {
+	if n := len(heldOn(t, servers, "qback2", l2.Token())); n < 3 {
 		t.Fatalf("granted on %d masters, want a majority of the 4 that vote", n)
+	}
+}
+
+// staleHolderRefused checks what must follow a lock granted again while old
+// believed it held it (a clock jump): cur's fence is above old's, a fenced
+// register takes cur's write and refuses old's, old's renewals tell it the
+// lease is lost (why: what they would have missed), and old's Unlock says
+// ErrLockLost.
+func staleHolderRefused(t *testing.T, ctx context.Context, reg *redis.Client, old, cur *dlock.Lease, why string) {
+	t.Helper()
+	if cur.Fence() <= old.Fence() {
+		t.Fatalf("new holder's fence %d not above the old holder's %d", cur.Fence(), old.Fence())
+	}
+	if !writeFenced(ctx, reg, cur.Fence(), "new holder") {
+		t.Fatal("current holder's write rejected")
+	}
+	if writeFenced(ctx, reg, old.Fence(), "stale holder") {
+		t.Fatal("stale holder's write accepted by the fenced register")
+	}
+	select {
+	case <-old.Context().Done():
+		if cause := context.Cause(old.Context()); !errors.Is(cause, dlock.ErrLockLost) {
+			t.Fatalf("old lease ended with %v, want ErrLockLost", cause)
+		}
+	case <-ctx.Done():
+		t.Fatal("the old holder was never told: its renewals " + why)
+	}
+	if err := old.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("stale Unlock: %v, want ErrLockLost", err)
 	}
 }

@@ -52,7 +52,7 @@ func noSecondGrant(t *testing.T, ctx context.Context, m *dlock.Mutex, l *dlock.L
 	for end := time.Now().Add(d); time.Now().Before(end) && stillValid(l); time.Sleep(20 * time.Millisecond) {
 		l2, err := m.TryLock(ctx)
 		if err == nil {
-			held := holdersOf(t, servers, "dlock:{"+m.Name()+"}", l.Token())
+			held := len(heldOn(t, servers, m.Name(), l.Token()))
 			valid := stillValid(l)
 			_ = l2.Unlock(ctx)
 			if valid {
@@ -85,7 +85,7 @@ func TestReviewQuorumRetryKeepsItsGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := holdersOf(t, servers, "dlock:{retried}", l.Token()); n < 2 {
+	if n := len(heldOn(t, servers, "retried", l.Token())); n < 2 {
 		t.Fatalf("the lease holds %d of 3 masters as Lock returns", n)
 	}
 	other := newQuorum(t, downMasters(t, rdbs, 1)) // A and C
