@@ -18,6 +18,7 @@ import (
 // majority.
 type quorum struct {
 	members []*member
+	every   []int // 0 to len(members)-1: every master, for fanOut
 	maj     int
 	node    time.Duration // per-master timeout of one request
 	delay   time.Duration // restart delay (see quorum_acquire.lua)
@@ -30,7 +31,6 @@ type member struct {
 	c    *Client
 	rdb  *redis.Client
 	addr string
-	idx  int // its place in quorum.members
 }
 
 var (
@@ -103,7 +103,7 @@ func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
 	if err := validPrefix(cfg.prefix); err != nil {
 		return nil, err
 	}
-	q := &quorum{maj: len(rdbs)/2 + 1, node: cfg.quorum.node, delay: cfg.quorum.delay, epoch: wire.EpochKey(cfg.prefix)}
+	q := &quorum{maj: len(rdbs)/2 + 1, every: make([]int, len(rdbs)), node: cfg.quorum.node, delay: cfg.quorum.delay, epoch: wire.EpochKey(cfg.prefix)}
 	seen := map[string]int{}
 	for i, r := range rdbs {
 		rc, ok := r.(*redis.Client)
@@ -118,7 +118,8 @@ func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
 			return nil, invalidf("NewQuorum: masters %d and %d are both %s: the masters must be independent", j, i, addr)
 		}
 		seen[addr] = i
-		q.members = append(q.members, &member{rdb: rc, addr: addr, idx: i})
+		q.members = append(q.members, &member{rdb: rc, addr: addr})
+		q.every[i] = i
 	}
 	c := newClient(nil, cfg)
 	c.q = q
@@ -210,8 +211,15 @@ type vote struct {
 // goroutines, which Close waits for: a caller that returns once the votes
 // in decide (ask) leaves the rest running, bounded by the timeout.
 func (q *quorum) fanOut(ctx context.Context, f func(ctx context.Context, m *member) (any, error), late func(m *member, v any, err error)) <-chan vote {
-	out := make(chan vote, len(q.members))
-	for i, m := range q.members {
+	return q.fanOutTo(ctx, q.every, f, late)
+}
+
+// fanOutTo is fanOut to the masters listed in to: the channel gets one
+// vote for each of them.
+func (q *quorum) fanOutTo(ctx context.Context, to []int, f func(ctx context.Context, m *member) (any, error), late func(m *member, v any, err error)) <-chan vote {
+	out := make(chan vote, len(to))
+	for _, i := range to {
+		m := q.members[i]
 		send := func() {
 			nctx, cancel := context.WithTimeout(ctx, q.node)
 			defer cancel()
@@ -456,17 +464,16 @@ func (q *quorum) drain(votes <-chan vote, k int) []vote {
 // be down and the caller would wait out their timeouts for nothing. A
 // master that answered without granting has nothing of the attempt's.
 func (q *quorum) giveBack(ctx context.Context, lk *lock, token string, granted map[int]uint64, unknown []int) {
-	if len(granted) > 0 {
-		votes := q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
-			if _, ok := granted[m.idx]; !ok {
-				return nil, nil
-			}
-			return q.releaseOn(ctx, m, lk, token, "0")
-		}, nil))
-		for _, v := range votes {
-			if _, ok := granted[v.i]; ok && v.err != nil && ctx.Err() != nil {
-				q.dropLater(lk, q.members[v.i], token, true)
-			}
+	to := make([]int, 0, len(granted))
+	for i := range granted {
+		to = append(to, i)
+	}
+	votes := q.fanOutTo(ctx, to, func(ctx context.Context, m *member) (any, error) {
+		return q.releaseOn(ctx, m, lk, token, "0")
+	}, nil)
+	for range to {
+		if v := <-votes; v.err != nil && ctx.Err() != nil {
+			q.dropLater(lk, q.members[v.i], token, true)
 		}
 	}
 	for _, i := range unknown {
@@ -500,44 +507,28 @@ func (q *quorum) raise(ctx context.Context, lk *lock, token string, granted map[
 	for _, f := range granted {
 		fence = max(fence, f)
 	}
-	have, want := 0, 0
-	for _, f := range granted {
+	// The granting masters that handed out less; a majority then has the
+	// fence once enough of them confirm the raise.
+	have := 0
+	var to []int
+	for i, f := range granted {
 		if f == fence {
 			have++
 		} else {
-			want++
+			to = append(to, i)
 		}
-	}
-	if want == 0 || have >= q.maj && !raiseAll {
-		return fence, have >= q.maj
 	}
 	fs := formatUint(fence)
-	done := make(chan bool, len(granted))
-	for i, f := range granted {
-		if f == fence {
-			continue
-		}
-		m := q.members[i]
-		go func() {
-			nctx, cancel := context.WithTimeout(ctx, q.node)
-			defer cancel()
-			v, err := m.c.aside(nctx, func(ctx context.Context) (any, error) {
-				return quorumFenceScript.run(ctx, m.c.rdb, []string{lk.hash}, token, fs)
-			}, nil)
-			done <- err == nil && v == int64(1)
-		}()
-	}
-	for range want {
-		if <-done {
+	votes := q.fanOutTo(ctx, to, func(ctx context.Context, m *member) (any, error) {
+		return quorumFenceScript.run(ctx, m.c.rdb, []string{lk.hash}, token, fs)
+	}, nil)
+	for range to {
+		if v := <-votes; v.err == nil && v.v == int64(1) {
 			have++
 		}
 	}
 	return fence, have >= q.maj
 }
-
-// raiseAll: raise the counter on every granting master (false: only until
-// a majority has it, which the proof needs).
-const raiseAll = true
 
 // dropAll releases token's lock on every master without waking waiters
 // (the payload 0 is below every fence a waiter saw: see join). It waits for
