@@ -103,11 +103,7 @@ func TestQuorumMutexBasics(t *testing.T) {
 	// Unlock returns once a majority released; Close waits for the
 	// releases still on their way to the others.
 	_ = b.Close()
-	for _, s := range servers {
-		if o := s.Do(t, "hget", "dlock:{basics}", "o"); o != nil {
-			t.Fatalf("owner %v left after unlock", o)
-		}
-	}
+	freeOnAll(t, servers, "basics", "after unlock")
 }
 
 func TestQuorumBadSettings(t *testing.T) {
@@ -254,11 +250,7 @@ func TestQuorumMinorityIsNotEnough(t *testing.T) {
 	if _, err := other.Mutex("split").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
 		t.Fatalf("TryLock with 2 of 5 masters free: %v, want ErrNotObtained", err)
 	}
-	for _, s := range servers[3:] {
-		if o := s.Do(t, "hget", "dlock:{split}", "o"); o != nil {
-			t.Fatalf("%s still holds a failed attempt's grant (owner %v)", s.Addr(), o)
-		}
-	}
+	freeOnAll(t, servers[3:], "split", "after a failed attempt's give-back")
 	if err := l.Context().Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -315,11 +307,7 @@ func TestQuorumUnlockLeavesNoGrant(t *testing.T) {
 		}
 	}
 	_ = c.Close() // waits for the releases still on their way
-	for i, s := range servers {
-		if o := s.Do(t, "hget", "dlock:{overtaken}", "o"); o != nil {
-			t.Errorf("master %d: owner %v left after every lease was unlocked", i, o)
-		}
-	}
+	freeOnAll(t, servers, "overtaken", "after every lease was unlocked")
 }
 
 // TestQuorumTryLockNoMajorityGivesBack: with 3 of 5 masters down a TryLock
@@ -337,11 +325,7 @@ func TestQuorumTryLockNoMajorityGivesBack(t *testing.T) {
 			_ = l.Unlock(ctx)
 			t.Fatal("TryLock obtained a lock on 2 of 5 masters")
 		}
-		for i, s := range servers[:2] {
-			if o := s.Do(t, "hget", "dlock:{partial}", "o"); o != nil {
-				t.Fatalf("live master %d: owner %v left by a failed TryLock", i, o)
-			}
-		}
+		freeOnAll(t, servers[:2], "partial", "after a failed TryLock")
 	}
 }
 
@@ -500,11 +484,7 @@ func TestQuorumMajorityTooLate(t *testing.T) {
 		if !errors.Is(err, dlock.ErrNotObtained) {
 			t.Errorf("%s: TryLock: %v, want ErrNotObtained", tc.what, err)
 		}
-		for i, s := range servers {
-			if o := s.Do(t, "hget", "dlock:{"+name+"}", "o"); o != nil {
-				t.Errorf("%s: master %d still names owner %v", tc.what, i, o)
-			}
-		}
+		freeOnAll(t, servers, name, tc.what)
 	}
 }
 
