@@ -580,18 +580,32 @@ func (q *quorum) releaseOn(ctx context.Context, m *member, lk *lock, token, fenc
 }
 
 // release releases h on every master and returns what holding.release
-// makes of one master's reply: freed if no majority said the lock was not
-// h's (masters that failed keep it until its TTL, and do not make a
-// majority that could grant it to someone else less likely than a master
-// down would), not the owner if a majority said so, and an error if too
-// few answered to tell.
+// makes of one master's reply, as soon as the answers in decide it: freed
+// once a majority answered and no majority can say the lock was not h's
+// (masters that failed keep it until its TTL, and do not make a majority
+// that could grant it to someone else more likely than a master down
+// would), not the owner once a majority said so, and an error if too few
+// answered to tell.
+//
+// The masters still to answer are not waited for: one that is down would
+// cost every Unlock the per-master timeout. Their releases go on in the
+// background, apart from ctx (each within the per-master timeout), so a
+// caller that returns and cancels ctx does not leave them held until
+// their TTL.
 func (q *quorum) release(ctx context.Context, h *holding) (any, error) {
-	votes := q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
+	in := q.fanOut(context.WithoutCancel(ctx), func(ctx context.Context, m *member) (any, error) {
 		return q.releaseOn(ctx, m, h.lk, h.token, h.fenceStr)
-	}, nil))
+	}, nil)
+	n := len(q.members)
 	var ok, no int
 	var firstErr error
-	for _, v := range votes {
+	for answered := 1; answered <= n; answered++ {
+		var v vote
+		select {
+		case v = <-in:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%d of %d masters answered: %w", ok+no, n, ctx.Err())
+		}
 		code, _ := v.v.(int64)
 		switch {
 		case v.err != nil:
@@ -601,14 +615,14 @@ func (q *quorum) release(ctx context.Context, h *holding) (any, error) {
 		default:
 			ok++
 		}
+		switch {
+		case no >= q.maj:
+			return int64(wire.ReleaseNotOwner), nil
+		case ok+no >= q.maj && no+n-answered < q.maj:
+			return int64(wire.ReleaseFreed), nil
+		}
 	}
-	switch {
-	case no >= q.maj:
-		return int64(wire.ReleaseNotOwner), nil
-	case ok+no >= q.maj:
-		return int64(wire.ReleaseFreed), nil
-	}
-	return nil, fmt.Errorf("%d of %d masters answered: %w", ok+no, len(q.members), firstErr)
+	return nil, fmt.Errorf("%d of %d masters answered: %w", ok+no, n, firstErr)
 }
 
 // releaseAll releases hs (at Close) in one pipeline per master, all at

@@ -37,7 +37,7 @@ func proxiedQuorum(t *testing.T, n int) ([]*redistest.Server, []*faultproxy.Prox
 // the test ends) and returns clients that reach the servers through them.
 // Several Clients of one quorum may each have proxies of their own, so that
 // a master is cut off for one of them only.
-func throughProxies(t *testing.T, servers []*redistest.Server) ([]*faultproxy.Proxy, []redis.UniversalClient) {
+func throughProxies(t *testing.T, servers []*redistest.Server, opts ...func(*redis.Options)) ([]*faultproxy.Proxy, []redis.UniversalClient) {
 	t.Helper()
 	proxies := make([]*faultproxy.Proxy, len(servers))
 	rdbs := make([]redis.UniversalClient, len(servers))
@@ -50,7 +50,7 @@ func throughProxies(t *testing.T, servers []*redistest.Server) ([]*faultproxy.Pr
 		proxies[i] = p
 		// A call to a blackholed master holds its goroutine until the
 		// read timeout: a short one lets the test end soon after.
-		rdbs[i] = s.Client(t, func(o *redis.Options) { o.Addr, o.ReadTimeout = p.Addr(), time.Second })
+		rdbs[i] = s.Client(t, append([]func(*redis.Options){func(o *redis.Options) { o.Addr, o.ReadTimeout = p.Addr(), time.Second }}, opts...)...)
 	}
 	return proxies, rdbs
 }
@@ -92,6 +92,25 @@ func freeOnAll(t *testing.T, servers []*redistest.Server, name, when string) {
 			t.Fatalf("%s: lock %q still held on master %d by %q (owners %q)", when, name, i, o, ownersOf(t, servers, name))
 		}
 	}
+}
+
+// releasedOnAll waits for lock name to be free on every running server,
+// and fails the test as freeOnAll does if it is not soon: an Unlock returns
+// once a majority released, its releases to the other masters on their way.
+func releasedOnAll(t *testing.T, servers []*redistest.Server, name, when string) {
+	t.Helper()
+	free := func() bool {
+		for _, o := range ownersOf(t, servers, name) {
+			if o != "" && o != "down" {
+				return false
+			}
+		}
+		return true
+	}
+	for deadline := time.Now().Add(5 * time.Second); !free() && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	freeOnAll(t, servers, name, when)
 }
 
 // Fault 12: two of the five masters down, killed or blackholed (their
@@ -160,7 +179,7 @@ func TestFault12QuorumMastersDown(t *testing.T) {
 			if err := next.Unlock(ctx); err != nil {
 				t.Fatal(err)
 			}
-			freeOnAll(t, servers, name, "after both Unlocks")
+			releasedOnAll(t, servers, name, "after both Unlocks")
 
 			// Three down: no majority can be had. A long TTL, so that a
 			// partial lock left behind would still be there when looked at.
@@ -268,6 +287,13 @@ func warmQuorum(t *testing.T, ctx context.Context, servers []*redistest.Server, 
 	t.Helper()
 	proxies, rdbs := throughProxies(t, servers)
 	c := newQuorum(t, rdbs, opts...)
+	warm(t, ctx, servers, c, name)
+	return proxies, c
+}
+
+// warm is warmQuorum's warm-up of c.
+func warm(t *testing.T, ctx context.Context, servers []*redistest.Server, c *dlock.Client, name string) {
+	t.Helper()
 	l, err := c.Mutex(name).TryLock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +304,7 @@ func warmQuorum(t *testing.T, ctx context.Context, servers []*redistest.Server, 
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return proxies, c
+	releasedOnAll(t, servers, name, "after warming up")
 }
 
 // Fault 4: the acquire runs on the masters but replies are lost. It is
@@ -371,7 +397,7 @@ func TestFault4QuorumReplyLost(t *testing.T) {
 		if err := l.Unlock(ctx); err != nil {
 			t.Fatalf("Unlock: %v", err)
 		}
-		freeOnAll(t, servers, name, "after Unlock")
+		releasedOnAll(t, servers, name, "after Unlock")
 	})
 }
 
@@ -725,7 +751,7 @@ func TestFault4QuorumAcquireAfterUnlock(t *testing.T) {
 	if err := <-unlocked; err != nil {
 		t.Fatal(err)
 	}
-	freeOnAll(t, servers, name, "after Unlock")
+	releasedOnAll(t, servers, name, "after Unlock")
 	gate.let(0)
 	waitFor(t, ctx, "the acquire to run on master 0 and be given back", func() bool {
 		return ownersOf(t, servers[:1], name)[0] == "" && servers[0].Do(t, "exists", wire.HashKey(wire.DefaultPrefix, name)) == int64(1)
@@ -872,7 +898,7 @@ func TestFault17QuorumResetOnReleaseOrExtend(t *testing.T) {
 			p.Refuse(false)
 		}
 		_ = l.Unlock(ctx)
-		freeOnAll(t, servers, name, "after the Unlock of the lease whose Extend was unknown")
+		releasedOnAll(t, servers, name, "after the Unlock of the lease whose Extend was unknown")
 	})
 }
 
@@ -951,4 +977,87 @@ func TestFault8QuorumRestartFromOlderSnapshot(t *testing.T) {
 	if err == nil && stillValid(la) {
 		t.Fatalf("B obtained the lock on masters %v while A's lease is believed valid", heldOn(t, servers, name, lb.Token()))
 	}
+}
+
+// An Unlock returns as soon as the masters' answers decide it: it does not
+// wait for masters that do not answer once a majority released, nor return
+// "released" while the masters still to answer could make a majority that
+// says the lock was no longer this lease's.
+func TestQuorumUnlockDecidedByMajority(t *testing.T) {
+	servers, _ := quorumMasters(t, 5)
+	ctx := ctxT(t, 60*time.Second)
+	const name = "qu"
+	// Far above the test's waits: the held masters answer only when let.
+	slow := dlock.WithNodeTimeout(20 * time.Second)
+
+	t.Run("two masters do not answer", func(t *testing.T) {
+		// Their calls end only at the per-master timeout, not at the
+		// connection's read timeout first.
+		proxies, rdbs := throughProxies(t, servers, func(o *redis.Options) { o.ReadTimeout = 30 * time.Second })
+		c := newQuorum(t, rdbs, slow)
+		warm(t, ctx, servers, c, name)
+		l, err := c.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// TryLock returned once three granted; a release that reached a
+		// master before its acquire would find nothing there.
+		waitFor(t, ctx, "the grant on every master", func() bool { return len(heldOn(t, servers, name, l.Token())) == 5 })
+		for _, p := range proxies[3:] {
+			p.Hold(faultproxy.Downstream)
+		}
+		unlocked := make(chan error, 1)
+		go func() { unlocked <- l.Unlock(ctx) }()
+		select {
+		case err := <-unlocked:
+			if err != nil {
+				t.Fatalf("Unlock with three masters released: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Unlock still waits for the two masters whose replies are held, though three released")
+		}
+		freeOnAll(t, servers[:3], name, "when Unlock returned")
+		for _, p := range proxies[3:] {
+			p.Release(faultproxy.Downstream)
+		}
+		releasedOnAll(t, servers, name, "once the held replies came")
+	})
+
+	t.Run("the undecided wait for the rest", func(t *testing.T) {
+		proxies, c := warmQuorum(t, ctx, servers, name, slow)
+		l, err := c.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, ctx, "the grant on every master", func() bool { return len(heldOn(t, servers, name, l.Token())) == 5 })
+		// The lease is lost on masters 2, 3 and 4 (another owner there);
+		// 3 and 4 answer only when let: two "released" and one "not the
+		// owner" decide nothing yet.
+		for _, s := range servers[2:] {
+			s.Do(t, "hset", wire.HashKey(wire.DefaultPrefix, name), "o", "another")
+		}
+		for _, p := range proxies[3:] {
+			p.Hold(faultproxy.Downstream)
+		}
+		unlocked := make(chan error, 1)
+		go func() { unlocked <- l.Unlock(ctx) }()
+		waitFor(t, ctx, "the release on masters 0 and 1", func() bool {
+			os := ownersOf(t, servers, name)
+			return os[0] == "" && os[1] == ""
+		})
+		select {
+		case err := <-unlocked:
+			t.Fatalf("Unlock returned %v with 2 released, 1 not the owner, 2 still to answer", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+		for _, p := range proxies[3:] {
+			p.Release(faultproxy.Downstream)
+		}
+		if err := <-unlocked; !errors.Is(err, dlock.ErrLockLost) {
+			t.Fatalf("Unlock of a lease a majority no longer holds: %v, want ErrLockLost", err)
+		}
+		for _, s := range servers[2:] {
+			s.Do(t, "del", wire.HashKey(wire.DefaultPrefix, name))
+		}
+	})
 }
