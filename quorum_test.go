@@ -5,12 +5,14 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/faults"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -520,5 +522,103 @@ func TestQuorumEpochNotBeforeRestart(t *testing.T) {
 	}
 	if conclusive == 0 {
 		t.Fatal("no restart took less than half a second: nothing was checked")
+	}
+}
+
+// raiseCounter counts the fence raises (quorum_fence.lua) sent through
+// the clients it hooks.
+type raiseCounter struct{ n atomic.Int64 }
+
+func (r *raiseCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *raiseCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.see(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (r *raiseCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			r.see(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (r *raiseCounter) see(cmd redis.Cmder) {
+	if a := cmd.Args(); len(a) > 1 && (a[1] == wire.QuorumFence.SHA || a[1] == wire.QuorumFence.Src) {
+		r.n.Add(1)
+	}
+}
+
+// A quorum acquire proposes a fence that its masters take, so that they
+// hand out one fence and no raise is needed: grants one after another, by
+// two Clients in turn, are mostly not raised, and their fences increase.
+func TestQuorumProposedFenceSavesRaise(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	_, rdbs := quorumMasters(t, 5)
+	var raises raiseCounter
+	for _, r := range rdbs {
+		r.AddHook(&raises)
+	}
+	cs := []*dlock.Client{patientQuorum(t, rdbs), patientQuorum(t, rdbs)}
+	const grants = 40
+	var last uint64
+	raised := 0 // grants that needed a raise
+	for i := range grants {
+		before := raises.n.Load()
+		l, err := cs[i%2].Mutex("proposed").Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if raises.n.Load() > before {
+			raised++
+		}
+		if l.Fence() <= last {
+			t.Fatalf("grant %d: fence %d after %d", i, l.Fence(), last)
+		}
+		last = l.Fence()
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each Client's first grant has nothing to propose; a few more may
+	// meet a master whose clock went past a proposal.
+	if raised > 2+grants/8 {
+		t.Fatalf("%d of %d grants needed a raise: the proposed fence was not taken", raised, grants)
+	}
+	t.Logf("%d of %d grants needed a raise", raised, grants)
+}
+
+// A proposal is taken only up to a tenth of the TTL ahead of a master's
+// clock: a Client that saw a fence an hour ahead (a counter that a master
+// with a fast clock handed out) does not carry every other name's fences
+// an hour ahead, past what the masters' clocks give after an expiry.
+func TestQuorumProposedFenceBounded(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	servers, rdbs := quorumMasters(t, 5)
+	c := patientQuorum(t, rdbs)
+	ahead := time.Now().Add(time.Hour).UnixMicro()
+	for _, s := range servers {
+		s.Do(t, "hset", "dlock:{ahead}", "f", ahead)
+	}
+	l, err := c.Mutex("ahead").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Fence() <= uint64(ahead) {
+		t.Fatalf("fence %d, want above the counters' %d", l.Fence(), ahead)
+	}
+	_ = l.Unlock(ctx)
+	const ttl = 10 * time.Second
+	l, err = c.Mutex("fresh", dlock.TTL(ttl)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	if limit := uint64(time.Now().Add(ttl / 5).UnixMicro()); l.Fence() > limit {
+		t.Fatalf("fresh name's fence %d is %v ahead of the clock, want at most a tenth of the TTL (%v)", l.Fence(), time.Duration(l.Fence()-uint64(time.Now().UnixMicro()))*time.Microsecond, ttl/10)
 	}
 }

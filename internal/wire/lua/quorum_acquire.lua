@@ -9,6 +9,8 @@
 -- ARGV[1]  owner token
 -- ARGV[2]  lease TTL in milliseconds
 -- ARGV[3]  restart delay in milliseconds (0: no check)
+-- ARGV[4]  a proposed fence (0: none): the fence is at least this, as far
+--          as a tenth of the TTL ahead of this master's clock allows
 -- Returns {1, fence}            acquired
 --         {1, fence, 1}         the token already held it (a retry)
 --         {0, remaining_ms, f}  held by another owner (fence f)
@@ -53,8 +55,11 @@ if h[1] then
   redis.call('PEXPIRE', key, ttl)
   return {1, tonumber(h[2]), 1}
 end
--- As acquire.lua: one more than the last, never below the clock in µs.
-local f = math.max((tonumber(h[2]) or 0) + 1, t[1] * 1000000 + t[2])
+-- As acquire.lua: one more than the last, never below the clock in µs;
+-- and the proposed fence, so that the masters of a quorum grant hand out
+-- one fence and none needs raising (quorum.go, propose).
+local now = t[1] * 1000000 + t[2]
+local f = math.max((tonumber(h[2]) or 0) + 1, now, math.min(tonumber(ARGV[4]) or 0, now + tonumber(ttl) * 100))
 redis.call('HSET', key, 'o', token, 'f', string.format('%.0f', f))
 redis.call('PEXPIRE', key, ttl)
 return {1, f}
