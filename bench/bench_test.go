@@ -65,12 +65,13 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func selectedImpls(tb testing.TB) []*impl {
-	list := *testImpls
+// selectedImpls parses list (empty: every implementation compiled in) for
+// the quorum scenario (quorum) or the others.
+func selectedImpls(tb testing.TB, list string, quorum bool) []*impl {
 	if list == "" {
-		list = strings.Join(knownImpls(false), ",")
+		list = strings.Join(knownImpls(quorum), ",")
 	}
-	ims, err := parseImpls(list, false)
+	ims, err := parseImpls(list, quorum)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func lockerFor(tb testing.TB, im *impl) locker {
 func BenchmarkUncontended(b *testing.B) {
 	procs := runtime.GOMAXPROCS(0)
 	par := max(1, (*testGoroutines+procs-1)/procs)
-	for _, im := range selectedImpls(b) {
+	for _, im := range selectedImpls(b, *testImpls, false) {
 		b.Run("impl="+im.name, func(b *testing.B) {
 			l := lockerFor(b, im)
 			ctx := context.Background()
@@ -129,7 +130,7 @@ func BenchmarkUncontended(b *testing.B) {
 // BenchmarkSerial: one goroutine, lock+unlock on one key: the latency of a
 // cycle and its allocations with nothing else running.
 func BenchmarkSerial(b *testing.B) {
-	for _, im := range selectedImpls(b) {
+	for _, im := range selectedImpls(b, *testImpls, false) {
 		b.Run("impl="+im.name, func(b *testing.B) {
 			l := lockerFor(b, im)
 			ctx := context.Background()
@@ -152,7 +153,7 @@ func BenchmarkSerial(b *testing.B) {
 // TestExclusion checks each adapter before it is measured: a held key makes
 // a second Lock wait until its ctx ends, and a released key can be locked.
 func TestExclusion(t *testing.T) {
-	for _, im := range selectedImpls(t) {
+	for _, im := range selectedImpls(t, *testImpls, false) {
 		t.Run(im.name, func(t *testing.T) {
 			l := lockerFor(t, im)
 			key := fmt.Sprintf("bench:test:%s:%d", im.name, time.Now().UnixNano())

@@ -84,7 +84,8 @@ type rawHeld struct {
 
 func (l *rawLocker) Lock(ctx context.Context, key string) (held, error) {
 	token := rawToken()
-	var timer *time.Timer
+	w := rawWait{delay: l.retry}
+	defer w.stop()
 	for {
 		ok, err := rawSet(ctx, l.rdb, key, token, l.ttlMS)
 		if err != nil {
@@ -93,17 +94,37 @@ func (l *rawLocker) Lock(ctx context.Context, key string) (held, error) {
 		if ok {
 			return &rawHeld{rdb: l.rdb, key: key, token: token}, nil
 		}
-		if timer == nil {
-			timer = time.NewTimer(l.retry)
-			defer timer.Stop()
-		} else {
-			timer.Reset(l.retry)
+		if err := w.wait(ctx); err != nil {
+			return nil, err
 		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-timer.C:
-		}
+	}
+}
+
+// rawWait is the raw floors' fixed delay between attempts, on one timer
+// made at the first wait.
+type rawWait struct {
+	delay time.Duration
+	timer *time.Timer
+}
+
+// wait waits the delay, or until ctx ends (its error).
+func (w *rawWait) wait(ctx context.Context) error {
+	if w.timer == nil {
+		w.timer = time.NewTimer(w.delay)
+	} else {
+		w.timer.Reset(w.delay)
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-w.timer.C:
+		return nil
+	}
+}
+
+func (w *rawWait) stop() {
+	if w.timer != nil {
+		w.timer.Stop()
 	}
 }
 

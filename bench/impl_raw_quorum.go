@@ -62,22 +62,15 @@ func (q *rawQuorum) Close() error { return nil }
 
 // Lock tries until an attempt wins, a fixed retry delay apart.
 func (q *rawQuorum) Lock(ctx context.Context, key string) (held, error) {
-	var timer *time.Timer
+	w := rawWait{delay: q.retry}
+	defer w.stop()
 	for {
 		h, err := q.TryLock(ctx, key)
 		if !errors.Is(err, errRawNotObtained) {
 			return h, err
 		}
-		if timer == nil {
-			timer = time.NewTimer(q.retry)
-			defer timer.Stop()
-		} else {
-			timer.Reset(q.retry)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-timer.C:
+		if err := w.wait(ctx); err != nil {
+			return nil, err
 		}
 	}
 }

@@ -29,14 +29,7 @@ var testQuorumImpls = flag.String("quorum-impls", "", "implementations of Benchm
 // The log lines list the masters' INFO commandstats per cycle (commands a
 // script calls count there too, under their own names).
 func BenchmarkQuorum(b *testing.B) {
-	list := *testQuorumImpls
-	if list == "" {
-		list = strings.Join(knownImpls(true), ",")
-	}
-	ims, err := parseImpls(list, true)
-	if err != nil {
-		b.Fatal(err)
-	}
+	ims := selectedImpls(b, *testQuorumImpls, true)
 	var servers []*redisproc.Server
 	defer func() {
 		for _, s := range servers {
