@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/internal/redisproc"
+	"github.com/redis/go-redis/v9"
 )
 
 // The testing.B side of the bench, for benchstat:
@@ -64,12 +65,13 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func selectedImpls(tb testing.TB) []*impl {
-	list := *testImpls
+// selectedImpls parses list (empty: every implementation compiled in) for
+// the quorum scenario (quorum) or the others.
+func selectedImpls(tb testing.TB, list string, quorum bool) []*impl {
 	if list == "" {
-		list = strings.Join(knownImpls(), ",")
+		list = strings.Join(knownImpls(quorum), ",")
 	}
-	ims, err := parseImpls(list)
+	ims, err := parseImpls(list, quorum)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -98,7 +100,7 @@ func lockerFor(tb testing.TB, im *impl) locker {
 func BenchmarkUncontended(b *testing.B) {
 	procs := runtime.GOMAXPROCS(0)
 	par := max(1, (*testGoroutines+procs-1)/procs)
-	for _, im := range selectedImpls(b) {
+	for _, im := range selectedImpls(b, *testImpls, false) {
 		b.Run("impl="+im.name, func(b *testing.B) {
 			l := lockerFor(b, im)
 			ctx := context.Background()
@@ -128,7 +130,7 @@ func BenchmarkUncontended(b *testing.B) {
 // BenchmarkSerial: one goroutine, lock+unlock on one key: the latency of a
 // cycle and its allocations with nothing else running.
 func BenchmarkSerial(b *testing.B) {
-	for _, im := range selectedImpls(b) {
+	for _, im := range selectedImpls(b, *testImpls, false) {
 		b.Run("impl="+im.name, func(b *testing.B) {
 			l := lockerFor(b, im)
 			ctx := context.Background()
@@ -151,7 +153,7 @@ func BenchmarkSerial(b *testing.B) {
 // TestExclusion checks each adapter before it is measured: a held key makes
 // a second Lock wait until its ctx ends, and a released key can be locked.
 func TestExclusion(t *testing.T) {
-	for _, im := range selectedImpls(t) {
+	for _, im := range selectedImpls(t, *testImpls, false) {
 		t.Run(im.name, func(t *testing.T) {
 			l := lockerFor(t, im)
 			key := fmt.Sprintf("bench:test:%s:%d", im.name, time.Now().UnixNano())
@@ -270,7 +272,153 @@ func TestSummarizeQuorum(t *testing.T) {
 	if got[0].RatioToOne != 1 || !math.IsNaN(got[2].RatioToOne) || got[2].OwnersLeft != 2 {
 		t.Fatalf("one master %+v, b %+v", got[0], got[2])
 	}
+	if !math.IsNaN(a5.RatioToRaw) || !math.IsNaN(a5.RatioToRawMajority) {
+		t.Fatalf("ratios to raw floors that did not run: %+v", a5)
+	}
+	// The raw floors: per round, on the same masters.
+	runs = append(runs,
+		quorumRun{Impl: "raw", Config: "5", Round: 1, P50Micros: 50},
+		quorumRun{Impl: "raw", Config: "5", Round: 2, P50Micros: 100},
+		quorumRun{Impl: "raw", Config: "1", Round: 2, P50Micros: 400},
+		quorumRun{Impl: "raw-majority", Config: "5", Round: 3, P50Micros: 200},
+	)
+	got = summarizeQuorum(runs)
+	if a5 := got[1]; a5.RatioToRaw != 4 || a5.RatioToRawMajority != 2 { // median of 3 and 5; 2 alone
+		t.Fatalf("a on 5 against the raw floors: %+v", a5)
+	}
+	if a1 := got[0]; a1.RatioToRaw != 0.5 || !math.IsNaN(a1.RatioToRawMajority) {
+		t.Fatalf("a on 1 against the raw floors: %+v", a1)
+	}
 	if s := quorumSlug("5, 2 blackholed"); s != "5-2blackholed" {
 		t.Fatalf("slug %q", s)
+	}
+}
+
+// TestRawQuorum checks the raw floors on several masters before they are
+// measured: a lock is on a majority, excludes a second attempt, and is
+// gone after Unlock; a failed attempt gives back what it got; with no
+// majority alive, Lock fails rather than retrying.
+func TestRawQuorum(t *testing.T) {
+	var live, killed []*redis.Client
+	for i := range 5 {
+		srv, err := startServer("redis-server")
+		if err != nil {
+			t.Skipf("no redis-server: %v", err)
+		}
+		t.Cleanup(func() { _ = srv.Close() })
+		opt := &redis.Options{Addr: srv.Addr()}
+		registry["raw"].quorum.options(opt)
+		rdb := redis.NewClient(opt)
+		t.Cleanup(func() { _ = rdb.Close() })
+		if i < 3 {
+			live = append(live, rdb)
+		} else {
+			srv.Kill()
+			killed = append(killed, rdb)
+		}
+	}
+	ctx := context.Background()
+	e := &env{ttl: 10 * time.Second, retry: time.Millisecond}
+	// on counts the masters that have key.
+	on := func(rdbs []*redis.Client, key string) int {
+		n := 0
+		for _, r := range rdbs {
+			if v, err := r.Exists(ctx, key).Result(); err != nil {
+				t.Fatal(err)
+			} else {
+				n += int(v)
+			}
+		}
+		return n
+	}
+	for _, name := range []string{"raw", "raw-majority"} {
+		t.Run(name, func(t *testing.T) {
+			q := registry[name].quorum
+			for _, r := range live {
+				if err := q.prepare(ctx, r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			l, err := q.open(e, live, 50*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := "bench:test:" + name
+			h, err := l.Lock(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := on(live, key); n < 2 {
+				t.Fatalf("held on %d of 3 masters", n)
+			}
+			if _, err := l.TryLock(ctx, key); !errors.Is(err, errRawNotObtained) {
+				t.Fatalf("second TryLock: %v", err)
+			}
+			if err := h.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// raw-majority's last delete may still be on its way.
+			for deadline := time.Now().Add(time.Second); on(live, key) > 0; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("still on %d masters after Unlock", on(live, key))
+				}
+			}
+			// Held by another on two masters: the third's grant is given back.
+			for _, r := range live[:2] {
+				if err := r.Set(ctx, key, "other", 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := l.TryLock(ctx, key); !errors.Is(err, errRawNotObtained) {
+				t.Fatalf("TryLock held on 2 of 3: %v", err)
+			}
+			if n := on(live[2:], key); n != 0 {
+				t.Fatal("a failed TryLock left its grant")
+			}
+			if err := live[0].Del(ctx, key).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if h, err = l.Lock(ctx, key); err != nil { // 2 of 3 free again
+				t.Fatal(err)
+			}
+			if err := h.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// One master: the same commands in sequence.
+			one, err := q.open(e, live[:1], 50*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h, err = one.Lock(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := one.TryLock(ctx, key); !errors.Is(err, errRawNotObtained) {
+				t.Fatalf("second TryLock on one master: %v", err)
+			}
+			if err := h.Unlock(ctx); err != nil || on(live[:1], key) != 0 {
+				t.Fatalf("Unlock on one master: %v, key left: %d", err, on(live[:1], key))
+			}
+			// No majority alive: an error, nothing left on the live master.
+			down, err := q.open(e, append(live[:1:1], killed[:2]...), 50*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if _, err := down.Lock(lctx, key+":down"); err == nil || errors.Is(err, errRawNotObtained) || lctx.Err() != nil {
+				t.Fatalf("Lock with 2 of 3 masters down: %v (ctx %v)", err, lctx.Err())
+			}
+			if n := on(live[:1], key+":down"); n != 0 {
+				t.Fatal("a failed Lock left its grant on the live master")
+			}
+		})
+	}
+}
+
+func TestRatioStr(t *testing.T) {
+	for x, want := range map[float64]string{math.NaN(): "—", 0.0021345: "0.0021×", 0.5: "0.50×", 1.234: "1.23×", 421.55: "422×"} {
+		if got := ratioStr(x); got != want {
+			t.Errorf("ratioStr(%v) = %q, want %q", x, got, want)
+		}
 	}
 }

@@ -47,7 +47,9 @@ type impl struct {
 	// settings says, in one line, how the implementation is configured,
 	// above all how it waits on a held lock.
 	settings func(e *env) string
-	open     func(e *env) (locker, error)
+	// open opens it on the shared client (the uncontended and hot-key
+	// scenarios); nil (settings too): it runs only in the quorum scenario.
+	open func(e *env) (locker, error)
 	// quorum opens it on several masters (the quorum scenario); nil: it
 	// cannot.
 	quorum *quorumImpl
@@ -62,11 +64,23 @@ func register(i *impl) {
 	registry[i.name] = i
 }
 
-// knownImpls lists the compiled-in implementations in table order.
-func knownImpls() []string {
+// runsIn reports whether im runs in the quorum scenario (quorum) or in
+// the others.
+func (im *impl) runsIn(quorum bool) bool {
+	if quorum {
+		return im.quorum != nil
+	}
+	return im.open != nil
+}
+
+// knownImpls lists the compiled-in implementations of the quorum scenario
+// (quorum) or of the others, in table order.
+func knownImpls(quorum bool) []string {
 	var names []string
-	for n := range registry {
-		names = append(names, n)
+	for n, im := range registry {
+		if im.runsIn(quorum) {
+			names = append(names, n)
+		}
 	}
 	sort.Slice(names, func(a, b int) bool {
 		ia, ib := registry[names[a]], registry[names[b]]
@@ -78,8 +92,9 @@ func knownImpls() []string {
 	return names
 }
 
-// parseImpls checks a comma-separated list against the registry.
-func parseImpls(list string) ([]*impl, error) {
+// parseImpls checks a comma-separated list against the registry: each must
+// run in the quorum scenario (quorum) or in the others.
+func parseImpls(list string, quorum bool) ([]*impl, error) {
 	var out []*impl
 	seen := map[string]bool{}
 	for _, n := range strings.Split(list, ",") {
@@ -94,7 +109,14 @@ func parseImpls(list string) ([]*impl, error) {
 			if strings.HasPrefix(n, "dlock") {
 				hint = " (built with -tags nodlock?)"
 			}
-			return nil, fmt.Errorf("unknown implementation %q%s; compiled in: %s", n, hint, strings.Join(knownImpls(), ","))
+			return nil, fmt.Errorf("unknown implementation %q%s; compiled in: %s", n, hint, strings.Join(knownImpls(quorum), ","))
+		}
+		if !i.runsIn(quorum) {
+			where := "the uncontended and hot-key scenarios (-impls, -hot-impls)"
+			if quorum {
+				where = "the quorum scenario (-quorum-impls)"
+			}
+			return nil, fmt.Errorf("%s does not run in %s; those that do: %s", n, where, strings.Join(knownImpls(quorum), ","))
 		}
 		out = append(out, i)
 	}

@@ -29,7 +29,13 @@ func init() {
 		settings: func(e *env) string {
 			return fmt.Sprintf("SET NX PX %v + EVALSHA compare-and-delete on the shared go-redis client; waits by retrying SET NX after a %v timer", e.ttl, e.retry)
 		},
-		open: func(e *env) (locker, error) { return openRaw(e, false) },
+		open:   func(e *env) (locker, error) { return openRaw(e, false) },
+		quorum: rawQuorumImpl(false),
+	})
+	register(&impl{
+		name:   "raw-majority",
+		order:  2,
+		quorum: rawQuorumImpl(true),
 	})
 	register(&impl{
 		name:  "raw-autopipeline",
@@ -77,41 +83,79 @@ type rawHeld struct {
 }
 
 func (l *rawLocker) Lock(ctx context.Context, key string) (held, error) {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand contract since Go 1.24)
-	token := hex.EncodeToString(b[:])
-	var timer *time.Timer
+	token := rawToken()
+	w := rawWait{delay: l.retry}
+	defer w.stop()
 	for {
-		cmd := redis.NewBoolCmd(ctx, "set", key, token, "px", l.ttlMS, "nx")
-		_ = l.rdb.Process(ctx, cmd)
-		ok, err := cmd.Result()
-		if err != nil && err != redis.Nil {
+		ok, err := rawSet(ctx, l.rdb, key, token, l.ttlMS)
+		if err != nil {
 			return nil, err
 		}
 		if ok {
 			return &rawHeld{rdb: l.rdb, key: key, token: token}, nil
 		}
-		if timer == nil {
-			timer = time.NewTimer(l.retry)
-			defer timer.Stop()
-		} else {
-			timer.Reset(l.retry)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-timer.C:
+		if err := w.wait(ctx); err != nil {
+			return nil, err
 		}
 	}
 }
 
+// rawWait is the raw floors' fixed delay between attempts, on one timer
+// made at the first wait.
+type rawWait struct {
+	delay time.Duration
+	timer *time.Timer
+}
+
+// wait waits the delay, or until ctx ends (its error).
+func (w *rawWait) wait(ctx context.Context) error {
+	if w.timer == nil {
+		w.timer = time.NewTimer(w.delay)
+	} else {
+		w.timer.Reset(w.delay)
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-w.timer.C:
+		return nil
+	}
+}
+
+func (w *rawWait) stop() {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+}
+
 func (h *rawHeld) Unlock(ctx context.Context) error {
-	n, err := rawUnlock.Run(ctx, h.rdb, []string{h.key}, h.token).Int64()
-	if err != nil {
-		return err
+	ok, err := rawDel(ctx, h.rdb, h.key, h.token)
+	if err == nil && !ok {
+		err = errRawNotHeld
 	}
-	if n == 0 {
-		return errRawNotHeld
+	return err
+}
+
+// rawToken returns a new owner token: 128 random bits in hex.
+func rawToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand contract since Go 1.24)
+	return hex.EncodeToString(b[:])
+}
+
+// rawSet sends SET key token PX ttlMS NX: whether it set the key.
+func rawSet(ctx context.Context, rdb rawConn, key, token string, ttlMS any) (bool, error) {
+	cmd := redis.NewBoolCmd(ctx, "set", key, token, "px", ttlMS, "nx")
+	_ = rdb.Process(ctx, cmd)
+	ok, err := cmd.Result()
+	if err == redis.Nil {
+		err = nil
 	}
-	return nil
+	return ok, err
+}
+
+// rawDel runs the compare-and-delete: whether token's key was deleted.
+func rawDel(ctx context.Context, rdb rawConn, key, token string) (bool, error) {
+	n, err := rawUnlock.Run(ctx, rdb, []string{key}, token).Int64()
+	return n == 1, err
 }

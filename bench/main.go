@@ -19,9 +19,10 @@
 //     longest wait against the bound (W−1) × (hold + RTT).
 //   - quorum: five private masters; one goroutine's lock+unlock on one of
 //     them, on all five, and on five with two killed or blackholed
-//     (percentiles, ratio to one master, CPU per cycle of this process and
-//     of the masters); TryLock with three of five down (time against the
-//     per-master timeout, owners left on the live masters).
+//     (percentiles, ratios to one master and to the raw floors on the same
+//     masters, CPU per cycle of this process and of the masters); TryLock
+//     with three of five down (time against the per-master timeout, owners
+//     left on the live masters).
 //
 // Every implementation runs in every round, in an order rotated per round
 // (interleaved), and the tables show medians over rounds. Unless -redis is
@@ -99,7 +100,7 @@ func parseFlags() (*options, error) {
 	flag.StringVar(&waiters, "waiters", "16,64", "hot-key waiter counts, comma-separated")
 	flag.IntVar(&o.procs, "procs", 4, "hot-key worker processes the waiters are spread over")
 	flag.IntVar(&o.goroutines, "goroutines", 64, "uncontended goroutines, each on its own key")
-	flag.StringVar(&impls, "impls", "raw,dlock,redsync,redislock,rueidislock", "implementations, comma-separated; compiled in: "+strings.Join(knownImpls(), ","))
+	flag.StringVar(&impls, "impls", "raw,dlock,redsync,redislock,rueidislock", "implementations, comma-separated; compiled in: "+strings.Join(knownImpls(false), ","))
 	flag.StringVar(&hotImpls, "hot-impls", "", "hot-key implementations (default: -impls)")
 	flag.StringVar(&o.jsonPath, "json", "", "write every run, the medians and the settings to this JSON file")
 	flag.StringVar(&o.benchPath, "benchstat", "bench.txt", "write benchstat-format lines (one per run) to this file; empty: none")
@@ -112,7 +113,7 @@ func parseFlags() (*options, error) {
 	flag.DurationVar(&o.settle, "settle", 250*time.Millisecond, "hot-key: uncounted time after the common start")
 	flag.DurationVar(&o.tail, "tail", 2*time.Second, "hot-key: load after the counted window, so late requests are served under full contention")
 	flag.IntVar(&o.allocCycles, "alloc-cycles", 2000, "lock+unlock cycles of the single-goroutine allocation pass (bounded to 3s)")
-	flag.StringVar(&quorumImpls, "quorum-impls", "dlock,redsync", "quorum: implementations that run on several masters")
+	flag.StringVar(&quorumImpls, "quorum-impls", "raw,raw-majority,dlock,redsync", "quorum: implementations that run on several masters; compiled in: "+strings.Join(knownImpls(true), ","))
 	flag.IntVar(&o.quorumCycles, "quorum-cycles", 2000, "quorum: serial lock+unlock cycles per run (bounded by -duration)")
 	flag.DurationVar(&o.nodeTimeout, "node-timeout", 50*time.Millisecond, "quorum: per-master request timeout")
 	flag.IntVar(&o.tryAttempts, "try-attempts", 20, "quorum: TryLocks per run with 3 of 5 masters down")
@@ -148,20 +149,15 @@ func parseFlags() (*options, error) {
 		o.waiters = append(o.waiters, n)
 	}
 	var err error
-	if o.impls, err = parseImpls(impls); err != nil {
+	if o.impls, err = parseImpls(impls, false); err != nil {
 		return nil, err
 	}
 	o.hotImpls = o.impls
-	if o.quorumImpls, err = parseImpls(quorumImpls); err != nil {
-		return nil, err
-	}
-	for _, im := range o.quorumImpls {
-		if im.quorum == nil {
-			return nil, fmt.Errorf("-quorum-impls: %s does not run on several masters", im.name)
-		}
+	if o.quorumImpls, err = parseImpls(quorumImpls, true); err != nil {
+		return nil, fmt.Errorf("-quorum-impls: %w", err)
 	}
 	if hotImpls != "" {
-		if o.hotImpls, err = parseImpls(hotImpls); err != nil {
+		if o.hotImpls, err = parseImpls(hotImpls, false); err != nil {
 			return nil, err
 		}
 	}
@@ -216,9 +212,10 @@ func run() error {
 		for _, im := range list {
 			if _, dup := rep.Settings[im.name]; !dup {
 				rep.Impls = append(rep.Impls, im.name)
-				rep.Settings[im.name] = im.settings(e)
 				if o.scenario == "quorum" {
 					rep.Settings[im.name] = im.quorum.settings(e, o.nodeTimeout)
+				} else {
+					rep.Settings[im.name] = im.settings(e)
 				}
 			}
 		}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -104,19 +103,28 @@ type quorumSummary struct {
 	MaxMicros  float64 `json:"max_us"`   // median of the runs' max
 	WorstMax   float64 `json:"worst_us"` // largest over rounds
 	RatioToOne float64 `json:"ratio_to_one_master"`
-	ClientCPU  float64 `json:"client_cpu_us_per_cycle"`
-	ServersCPU float64 `json:"servers_cpu_us_per_cycle"`
-	Errors     int     `json:"errors"`
-	Obtained   int     `json:"obtained,omitempty"`
-	OwnersLeft int     `json:"owners_left,omitempty"`
+	// RatioToRaw and RatioToRawMajority: p50 against the raw floors on the
+	// same masters (raw waits for every master, raw-majority for a majority).
+	RatioToRaw         float64 `json:"ratio_to_raw"`
+	RatioToRawMajority float64 `json:"ratio_to_raw_majority"`
+	ClientCPU          float64 `json:"client_cpu_us_per_cycle"`
+	ServersCPU         float64 `json:"servers_cpu_us_per_cycle"`
+	Errors             int     `json:"errors"`
+	Obtained           int     `json:"obtained,omitempty"`
+	OwnersLeft         int     `json:"owners_left,omitempty"`
 }
 
 // summarizeQuorum takes the medians of runs per implementation and
-// configuration (in the order they first appear); ratio: median of the
-// per-round ratios of p50 to the same implementation's on one master.
+// configuration (in the order they first appear); ratios: medians of the
+// per-round ratios of p50 to the same implementation's on one master, and
+// to the raw floors' (raw, raw-majority) on the same masters.
 func summarizeQuorum(runs []quorumRun) []quorumSummary {
 	type id struct{ impl, config string }
-	one := map[id]float64{} // {impl, round} → p50 on one master
+	type roundID struct {
+		id
+		round int
+	}
+	p50s := map[roundID]float64{}
 	var order []id
 	byID := map[id][]quorumRun{}
 	for _, q := range runs {
@@ -125,14 +133,19 @@ func summarizeQuorum(runs []quorumRun) []quorumSummary {
 			order = append(order, k)
 		}
 		byID[k] = append(byID[k], q)
-		if q.Config == "1" {
-			one[id{q.Impl, strconv.Itoa(q.Round)}] = q.P50Micros
+		p50s[roundID{k, q.Round}] = q.P50Micros
+	}
+	// ratio appends q's p50 over base's in q's round, if base ran then.
+	ratio := func(out []float64, q quorumRun, base id) []float64 {
+		if b := p50s[roundID{base, q.Round}]; b > 0 {
+			return append(out, q.P50Micros/b)
 		}
+		return out
 	}
 	var out []quorumSummary
 	for _, k := range order {
 		s := quorumSummary{Impl: k.impl, Config: k.config}
-		var p50, p90, p99, mx, ratio, ccpu, scpu []float64
+		var p50, p90, p99, mx, one, raw, rawMaj, ccpu, scpu []float64
 		for _, q := range byID[k] {
 			s.Rounds++
 			s.Errors += q.Errors
@@ -141,12 +154,13 @@ func summarizeQuorum(runs []quorumRun) []quorumSummary {
 			s.WorstMax = math.Max(s.WorstMax, q.MaxMicros)
 			p50, p90, p99, mx = append(p50, q.P50Micros), append(p90, q.P90Micros), append(p99, q.P99Micros), append(mx, q.MaxMicros)
 			ccpu, scpu = append(ccpu, q.ClientCPU), append(scpu, q.ServersCPU)
-			if b, ok := one[id{q.Impl, strconv.Itoa(q.Round)}]; ok && b > 0 {
-				ratio = append(ratio, q.P50Micros/b)
-			}
+			one = ratio(one, q, id{q.Impl, "1"})
+			raw = ratio(raw, q, id{"raw", q.Config})
+			rawMaj = ratio(rawMaj, q, id{"raw-majority", q.Config})
 		}
 		s.P50Micros, s.P90Micros, s.P99Micros, s.MaxMicros = median(p50), median(p90), median(p99), median(mx)
-		s.RatioToOne, s.ClientCPU, s.ServersCPU = median(ratio), median(ccpu), median(scpu)
+		s.RatioToOne, s.RatioToRaw, s.RatioToRawMajority = median(one), median(raw), median(rawMaj)
+		s.ClientCPU, s.ServersCPU = median(ccpu), median(scpu)
 		out = append(out, s)
 	}
 	return out
@@ -282,13 +296,14 @@ func (r *report) writeMarkdown(w io.Writer) {
 	}
 	if len(r.QuorumMedians) > 0 {
 		fmt.Fprintf(w, "### Quorum: one goroutine, lock+unlock of one key, %d cycles per run, per-master timeout %s\n\n", r.Config.QuorumCycles, r.Config.NodeTimeout)
-		fmt.Fprintln(w, "| implementation | masters | p50 µs | p90 µs | p99 µs | max µs | p50 × 1 master | client CPU µs/cycle | Redis CPU µs/cycle | errors |")
-		fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "| implementation | masters | p50 µs | p90 µs | p99 µs | max µs | p50 × 1 master | p50 × raw | p50 × raw-majority | client CPU µs/cycle | Redis CPU µs/cycle | errors |")
+		fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, s := range r.QuorumMedians {
-			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %.0f | %.0f | %d |\n",
-				s.Impl, s.Config, s.P50Micros, s.P90Micros, s.P99Micros, s.MaxMicros, ratioStr(s.RatioToOne), s.ClientCPU, s.ServersCPU, s.Errors)
+			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %.0f | %.0f | %d |\n",
+				s.Impl, s.Config, s.P50Micros, s.P90Micros, s.P99Micros, s.MaxMicros, ratioStr(s.RatioToOne), ratioStr(s.RatioToRaw), ratioStr(s.RatioToRawMajority), s.ClientCPU, s.ServersCPU, s.Errors)
 		}
-		fmt.Fprintln(w, "\nMedians over rounds of each run's percentiles; p50 × 1 master: median of the per-round ratios to the same library on one master. "+
+		fmt.Fprintln(w, "\nMedians over rounds of each run's percentiles; p50 × 1 master: median of the per-round ratios to the same library on one master; "+
+			"p50 × raw, × raw-majority: the same against the raw floors on the same masters (SET NX PX and a compare-and-delete, in parallel on every master, waiting for every answer or for a majority). "+
 			"killed: a redis-server that was killed (connection refused); blackholed: a proxy that drops every byte both ways (requests time out). "+
 			"CPU: this process (getrusage, all threads) and the live masters' main threads (/proc/PID/schedstat), per cycle.")
 		fmt.Fprintln(w)
@@ -364,9 +379,17 @@ func quorumSlug(name string) string {
 	return strings.NewReplacer(", ", "-", " ", "").Replace(name)
 }
 
+// ratioStr formats a ratio with two decimals, or two significant digits
+// below 0.1 (a fast path against a floor that waits out timeouts), or none
+// from 100 on.
 func ratioStr(x float64) string {
-	if math.IsNaN(x) {
+	switch {
+	case math.IsNaN(x):
 		return "—"
+	case x < 0.1:
+		return fmt.Sprintf("%.2g×", x)
+	case x >= 100:
+		return fmt.Sprintf("%.0f×", x)
 	}
 	return fmt.Sprintf("%.2f×", x)
 }
