@@ -82,9 +82,10 @@ type holding struct {
 	cancel   context.CancelCauseFunc
 
 	// Set before the holding is shared.
-	turnEnd   uint64 // default mode: the last local waiter of this Client's turn (see queue.go); 0: none
-	contended bool   // obtained after waiting: its release is likely awaited
-	acqDoubt  bool   // an acquire of it had an unknown outcome
+	turnEnd   uint64          // default mode: the last local waiter of this Client's turn (see queue.go); 0: none
+	contended bool            // obtained after waiting: its release is likely awaited
+	acqDoubt  bool            // an acquire of it had an unknown outcome
+	votes     []chan struct{} // quorum: per master, closed once the acquire vote is in; nil: in when it won (see rest)
 
 	tried time.Time // when the last renewal was sent
 

@@ -257,16 +257,20 @@ type vote struct {
 // goroutines, which Close waits for: a caller that returns once the votes
 // in decide (ask) leaves the rest running, bounded by the timeout.
 func (q *quorum) fanOut(ctx context.Context, f func(ctx context.Context, m *member) (any, error), late func(m *member, v any, err error)) <-chan vote {
-	return q.fanOutTo(ctx, q.every, f, late)
+	return q.fanOutTo(ctx, q.every, nil, f, late)
 }
 
 // fanOutTo is fanOut to the masters listed in to: the channel gets one
-// vote for each of them.
-func (q *quorum) fanOutTo(ctx context.Context, to []int, f func(ctx context.Context, m *member) (any, error), late func(m *member, v any, err error)) <-chan vote {
+// vote for each of them. before (if not nil) runs first, on the member's
+// goroutine, outside the per-master timeout; it must return soon.
+func (q *quorum) fanOutTo(ctx context.Context, to []int, before func(i int), f func(ctx context.Context, m *member) (any, error), late func(m *member, v any, err error)) <-chan vote {
 	out := make(chan vote, len(to))
 	for _, i := range to {
 		m := q.members[i]
 		send := func() {
+			if before != nil {
+				before(i)
+			}
 			nctx, cancel := context.WithTimeout(ctx, q.node)
 			defer cancel()
 			var l func(any, error)
@@ -334,8 +338,10 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	var firstErr error
 	var left time.Duration
 	got := 0
+	answered := make([]bool, n)
 	for ; got < n && len(granted) < q.maj; got++ {
 		v := <-votes
+		answered[v.i] = true
 		a, _ := v.v.([]any)
 		switch {
 		case v.err != nil:
@@ -380,6 +386,15 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		fence, ok := q.raise(ctx, lk, token, granted)
 		if ok && time.Now().Before(validUntil(r.sent, lk.ttl)) {
 			r.ok, r.fence = true, fence
+			h.votes = nil
+			if got < n {
+				h.votes = make([]chan struct{}, n)
+				for i, in := range answered {
+					if !in {
+						h.votes[i] = make(chan struct{})
+					}
+				}
+			}
 			q.rest(h, votes, n-got)
 			return r, false, nil
 		}
@@ -415,26 +430,31 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 
 // rest follows the last k votes of h's granted attempt, in the background.
 // A master that grants after the decision keeps its grant for the lease:
-// renewals and the release go to every master. But a release sent before
-// such a master ran the acquire found nothing there; so a grant whose reply
-// comes once h's release was sent (or h ended otherwise) is given back.
-// One that came before is released by that release, sent after it ran.
-// A vote that timed out has its reply handed to acquire's late callback.
+// renewals and the release go to every master. Every release of h waits
+// for the master's vote (awaitVote), so it runs after any grant the master
+// made and frees it. A vote that timed out has its reply handed to
+// acquire's late callback, which gives back a grant that comes once h is
+// gone.
 func (q *quorum) rest(h *holding, votes <-chan vote, k int) {
 	if k == 0 {
 		return
 	}
-	lk, token := h.lk, h.token
 	follow := func() {
 		for range k {
-			v := <-votes
-			if h.gone() && v.err == nil && granting(v.v, nil) {
-				q.dropLater(lk, q.members[v.i], token, true)
-			}
+			close(h.votes[(<-votes).i])
 		}
 	}
-	if !lk.c.goBg(follow) {
+	if !h.c.goBg(follow) {
 		follow() // the Client is closing: each vote comes within the per-master timeout
+	}
+}
+
+// awaitVote waits until master i's acquire vote for h is in, an answer or
+// its timeout (so within the acquire's per-master timeout): a release sent
+// next runs after any grant the master made.
+func (h *holding) awaitVote(i int) {
+	if h.votes != nil && h.votes[i] != nil {
+		<-h.votes[i]
 	}
 }
 
@@ -517,7 +537,7 @@ func (q *quorum) giveBack(ctx context.Context, lk *lock, token string, granted m
 	for i := range granted {
 		to = append(to, i)
 	}
-	votes := q.fanOutTo(ctx, to, func(ctx context.Context, m *member) (any, error) {
+	votes := q.fanOutTo(ctx, to, nil, func(ctx context.Context, m *member) (any, error) {
 		return q.releaseOn(ctx, m, lk, token, "0")
 	}, nil)
 	for range to {
@@ -568,7 +588,7 @@ func (q *quorum) raise(ctx context.Context, lk *lock, token string, granted map[
 		}
 	}
 	fs := formatUint(fence)
-	votes := q.fanOutTo(ctx, to, func(ctx context.Context, m *member) (any, error) {
+	votes := q.fanOutTo(ctx, to, nil, func(ctx context.Context, m *member) (any, error) {
 		return quorumFenceScript.run(ctx, m.c.rdb, []string{lk.hash}, token, fs)
 	}, nil)
 	for range to {
@@ -642,7 +662,7 @@ func (q *quorum) releaseOn(ctx context.Context, m *member, lk *lock, token, fenc
 // caller that returns and cancels ctx does not leave them held until
 // their TTL.
 func (q *quorum) release(ctx context.Context, h *holding) (any, error) {
-	in := q.fanOut(context.WithoutCancel(ctx), func(ctx context.Context, m *member) (any, error) {
+	in := q.fanOutTo(context.WithoutCancel(ctx), q.every, h.awaitVote, func(ctx context.Context, m *member) (any, error) {
 		return q.releaseOn(ctx, m, h.lk, h.token, h.fenceStr)
 	}, nil)
 	n := len(q.members)
@@ -682,7 +702,12 @@ func (q *quorum) releaseAll(ctx context.Context, hs []*holding) {
 	if len(hs) == 0 {
 		return
 	}
-	_ = q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
+	awaitVotes := func(i int) {
+		for _, h := range hs {
+			h.awaitVote(i)
+		}
+	}
+	_ = q.all(q.fanOutTo(ctx, q.every, awaitVotes, func(ctx context.Context, m *member) (any, error) {
 		pub := m.pubArg()
 		calls := make([]call, len(hs))
 		for i, h := range hs {
