@@ -268,6 +268,14 @@ func warmQuorum(t *testing.T, ctx context.Context, servers []*redistest.Server, 
 	t.Helper()
 	proxies, rdbs := throughProxies(t, servers)
 	c := newQuorum(t, rdbs, opts...)
+	warmUp(t, ctx, c, name)
+	return proxies, c
+}
+
+// warmUp locks name with c, extends and unlocks it: c's connections are
+// open and the scripts of those calls loaded.
+func warmUp(t *testing.T, ctx context.Context, c *dlock.Client, name string) {
+	t.Helper()
 	l, err := c.Mutex(name).TryLock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +286,6 @@ func warmQuorum(t *testing.T, ctx context.Context, servers []*redistest.Server, 
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return proxies, c
 }
 
 // Fault 4: the acquire runs on the masters but replies are lost. It is
