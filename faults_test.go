@@ -1,7 +1,8 @@
 package dlock_test
 
 // Faults from shared/SAFETY.md injected on a single server (topology S).
-// Each test names its row of the fault matrix.
+// Each test names its row of the fault matrix. The checks that hold on
+// every topology are functions of a site (topologies_test.go).
 
 import (
 	"context"
@@ -27,7 +28,7 @@ if tonumber(ARGV[1]) < seen then return 0 end
 redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'value', ARGV[2])
 return 1`)
 
-func writeFenced(ctx context.Context, rdb *redis.Client, fence uint64, value string) bool {
+func writeFenced(ctx context.Context, rdb redis.Scripter, fence uint64, value string) bool {
 	n, err := fencedWrite.Run(ctx, rdb, []string{"register"}, fence, value).Int()
 	return err == nil && n == 1
 }
@@ -35,9 +36,10 @@ func writeFenced(ctx context.Context, rdb *redis.Client, fence uint64, value str
 // Fault 4: the acquire is applied but its reply never arrives in time. The
 // caller must see an error, never success, and the lock must be free again
 // soon (dlock releases the token it may have been granted).
-func TestFault4AcquireReplyLost(t *testing.T) {
-	s := redistest.Start(t)
-	c, rdb := newClient(t, s)
+func TestFault4AcquireReplyLost(t *testing.T) { acquireReplyLost(t, startS(t)) }
+
+func acquireReplyLost(t *testing.T, site *site) {
+	c, rdb := site.client(t)
 	ctx := ctxT(t, 20*time.Second)
 	if l, err := c.Mutex("lost-reply").TryLock(ctx); err != nil { // warm up
 		t.Fatal(err)
@@ -47,6 +49,7 @@ func TestFault4AcquireReplyLost(t *testing.T) {
 	// The server is frozen when our acquire is sent, and runs it once it
 	// resumes, after our 100ms ctx has ended. (Frozen with SIGSTOP, not DEBUG
 	// SLEEP: a sleep in progress cannot be observed, a stopped process is.)
+	s := site.serverOf(t, "dlock:{lost-reply}")
 	s.Pause()
 	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	_, err := c.Mutex("lost-reply", dlock.TTL(5*time.Second)).TryLock(tctx)
@@ -64,7 +67,7 @@ func TestFault4AcquireReplyLost(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("lock still held 2s after a lost acquire reply: owner %q", rdb.HGet(ctx, "dlock:{lost-reply}", "o").Val())
+			t.Fatalf("lock still held 2s after a lost acquire reply: owner %q", owner(ctx, rdb, "lost-reply"))
 		}
 		time.Sleep(20 * time.Millisecond) // poll; the 2s bound is what is tested
 	}
@@ -185,19 +188,22 @@ func TestFault9ClockJumpFenced(t *testing.T) {
 
 // Fault 13: a contention storm, 128 goroutines on 4 Clients: zero double
 // grants and everyone progresses.
-func TestFault13ContentionStorm(t *testing.T) {
-	s := redistest.Start(t)
-	cs, rdb := newClients(t, s, 4)
+func TestFault13ContentionStorm(t *testing.T) { contentionStorm(t, startS(t)) }
+
+func contentionStorm(t *testing.T, site *site) {
+	cs, rdb := site.clients(t, 4)
 	contend(t, ctxT(t, 60*time.Second), rdb, 128, 4, func(g int) *dlock.Mutex { return cs[g%4].Mutex("storm") })
 }
 
-// Fault 14: redis-server paused longer than the TTL. The holder is told it
-// lost the lock by its deadline, while Redis is still frozen; after the
-// server resumes exactly one of the queued waiters wins.
-func TestFault14ServerPausedPastTTL(t *testing.T) {
-	s := redistest.Start(t)
-	c, rdb := newClient(t, s)
-	ctx := ctxT(t, 30*time.Second)
+// Fault 14: the server that serves the lock is paused longer than the TTL.
+// The holder is told it lost the lock by its deadline, while that server
+// is still frozen; after it resumes exactly one of the queued waiters wins,
+// with a fence above the holder's.
+func TestFault14ServerPausedPastTTL(t *testing.T) { serverPausedPastTTL(t, startS(t)) }
+
+func serverPausedPastTTL(t *testing.T, site *site) {
+	c, rdb := site.client(t)
+	ctx := ctxT(t, 60*time.Second)
 	holder, err := c.Mutex("frozen", dlock.TTL(500*time.Millisecond)).Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -207,8 +213,10 @@ func TestFault14ServerPausedPastTTL(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
+	var names []string
 	for i := 0; i < 4; i++ {
-		wc, _ := newClient(t, s)
+		wc, _ := site.client(t)
+		names = append(names, site.names[wc])
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -220,6 +228,7 @@ func TestFault14ServerPausedPastTTL(t *testing.T) {
 		}()
 	}
 	waitLine(t, ctx, rdb, "dlock:{frozen}", 4) // every waiter in line
+	s := site.serverOf(t, "dlock:{frozen}")
 	paused := time.Now()
 	s.Pause()
 	select {
@@ -230,13 +239,19 @@ func TestFault14ServerPausedPastTTL(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("holder not told it lost the lock while the server was frozen")
 	}
-	time.Sleep(time.Second) // frozen well past the holder's TTL: the fault under test
+	site.frozen(t, ctx, s, names)
 	s.Resume()
+	if site.resumed != nil {
+		site.resumed(t, s, "dlock:{frozen}")
+	}
 	var first *dlock.Lease
 	select {
 	case first = <-grants:
 	case <-time.After(5 * time.Second):
 		t.Fatal("no waiter got the lock after the server resumed")
+	}
+	if first.Fence() <= holder.Fence() {
+		t.Fatalf("the waiter's fence %d is not above the holder's %d", first.Fence(), holder.Fence())
 	}
 	// Not ordering: time for a wrong second grant to happen; the check is
 	// that none does.
@@ -259,9 +274,10 @@ func TestFault14ServerPausedPastTTL(t *testing.T) {
 // Fault 17: a release whose reply was lost is retried. The retry must say
 // "released" (not ErrLockLost) when the first attempt went through, and
 // ErrLockLost when someone else has been granted the lock since.
-func TestFault17ReleaseRetry(t *testing.T) {
-	s := redistest.Start(t)
-	c, rdb := newClient(t, s)
+func TestFault17ReleaseRetry(t *testing.T) { releaseRetry(t, startS(t)) }
+
+func releaseRetry(t *testing.T, site *site) {
+	c, rdb := site.client(t)
 	ctx := ctxT(t, 10*time.Second)
 	src, err := os.ReadFile("internal/wire/lua/release.lua")
 	if err != nil {
@@ -296,10 +312,11 @@ func TestFault17ReleaseRetry(t *testing.T) {
 	if err := l.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
 		t.Fatalf("retried Unlock after another grant: %v, want ErrLockLost", err)
 	}
-	if o := rdb.HGet(ctx, "dlock:{retry}", "o").Val(); o != other.Token() {
+	if o := owner(ctx, rdb, "retry"); o != other.Token() {
 		t.Fatal("the retried release touched the new holder")
 	}
 	_ = other.Unlock(ctx)
+
 }
 
 // A fence that goes backwards (the server lost the counter in a failover or

@@ -233,10 +233,11 @@ func TestSemaphoreStateOutlivesItsHolders(t *testing.T) {
 // lock was taken by another Client (its key expired early, as when the
 // server's clock jumps). Extend reaches Redis, finds the lock not its own,
 // says ErrLockLost and leaves the new holder's expiry alone.
-func TestExtendOfATakenLockChangesNothing(t *testing.T) {
-	s := redistest.Start(t)
-	c1, rdb := newClient(t, s)
-	c2, _ := newClient(t, s)
+func TestExtendOfATakenLockChangesNothing(t *testing.T) { extendOfATakenLock(t, startS(t)) }
+
+func extendOfATakenLock(t *testing.T, site *site) {
+	c1, rdb := site.client(t)
+	c2, _ := site.client(t)
 	ctx := ctxT(t, 20*time.Second)
 	const name = "taken"
 	key := wire.HashKey(wire.DefaultPrefix, name)
