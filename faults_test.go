@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faultproxy"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -70,6 +71,31 @@ func acquireReplyLost(t *testing.T, site *site) {
 			t.Fatalf("lock still held 2s after a lost acquire reply: owner %q", owner(ctx, rdb, "lost-reply"))
 		}
 		time.Sleep(20 * time.Millisecond) // poll; the 2s bound is what is tested
+	}
+
+	// The connection is reset after the acquire ran, before its reply came
+	// (a proxy in front of the server holds the reply back): go-redis sends
+	// it again, with the same token, and acquire.lua recognises it. The
+	// grant is real, so it is reported, held by that token, and freed by
+	// its Unlock.
+	pc, p := warmProxied(t, ctx, site, "reset-reply")
+	p.Hold(faultproxy.Downstream)
+	got := async(t, ctx, pc.Mutex("reset-reply", dlock.TTL(10*time.Second)).TryLock)
+	waitFor(t, ctx, "the acquire to run", func() bool { return owner(ctx, rdb, "reset-reply") != "" })
+	p.ResetAll()
+	p.Release(faultproxy.Downstream)
+	l, err := got()
+	if err != nil {
+		t.Fatalf("TryLock whose reply was reset after it ran: %v (owner %q)", err, owner(ctx, rdb, "reset-reply"))
+	}
+	if o := owner(ctx, rdb, "reset-reply"); o != l.Token() {
+		t.Fatalf("owner %q, want the lease's token %q", o, l.Token())
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o := owner(ctx, rdb, "reset-reply"); o != "" {
+		t.Fatalf("owner %q after Unlock", o)
 	}
 }
 
@@ -273,12 +299,14 @@ func serverPausedPastTTL(t *testing.T, site *site) {
 
 // Fault 17: a release whose reply was lost is retried. The retry must say
 // "released" (not ErrLockLost) when the first attempt went through, and
-// ErrLockLost when someone else has been granted the lock since.
+// ErrLockLost when someone else has been granted the lock since. Then the
+// fault itself, through a proxy in front of the server that serves the
+// lock: a connection reset during a release, or during an extend.
 func TestFault17ReleaseRetry(t *testing.T) { releaseRetry(t, startS(t)) }
 
 func releaseRetry(t *testing.T, site *site) {
 	c, rdb := site.client(t)
-	ctx := ctxT(t, 10*time.Second)
+	ctx := ctxT(t, 20*time.Second)
 	src, err := os.ReadFile("internal/wire/lua/release.lua")
 	if err != nil {
 		t.Fatal(err)
@@ -317,6 +345,86 @@ func releaseRetry(t *testing.T, site *site) {
 	}
 	_ = other.Unlock(ctx)
 
+	resetAfterRelease(t, ctx, site, rdb, c)
+	resetAfterExtend(t, ctx, site, rdb)
+}
+
+// warmProxied returns site.proxied's Client and proxy for lock name,
+// warmed up on it (warmUp). A test that holds replies back needs it: a
+// call on a new connection waits for its handshake's reply, and one that
+// meets NOSCRIPT for that reply, before it runs.
+func warmProxied(t *testing.T, ctx context.Context, site *site, name string) (*dlock.Client, *faultproxy.Proxy) {
+	t.Helper()
+	c, p := site.proxied(t, "dlock:{"+name+"}")
+	warmUp(t, ctx, c, name)
+	return c, p
+}
+
+// resetAfterRelease: the connection of an Unlock is reset after its release
+// ran, and the lock is taken (by other) before the reset. dlock sends the
+// release again, which finds the lock another's: the Unlock says nil (its
+// first run released the lock) and the new holder keeps it.
+func resetAfterRelease(t *testing.T, ctx context.Context, site *site, rdb redis.UniversalClient, other *dlock.Client) {
+	t.Helper()
+	const name = "reset-release"
+	pc, p := warmProxied(t, ctx, site, name)
+	l, err := pc.Mutex(name, dlock.TTL(10*time.Second)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Hold(faultproxy.Downstream)
+	unlocked := async(t, ctx, func(ctx context.Context) (*dlock.Lease, error) { return nil, l.Unlock(ctx) })
+	waitFor(t, ctx, "the release to run", func() bool { return owner(ctx, rdb, name) != l.Token() })
+	cur, err := other.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock once the release ran: %v", err)
+	}
+	p.ResetAll()
+	p.Release(faultproxy.Downstream)
+	if _, err := unlocked(); err != nil {
+		t.Fatalf("Unlock whose reply was reset after it ran, the lock taken since: %v, want nil", err)
+	}
+	if o := owner(ctx, rdb, name); o != cur.Token() {
+		t.Fatalf("owner %q after the resent release, want the new holder %q", o, cur.Token())
+	}
+	if err := cur.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// resetAfterExtend: the connection of an Extend is reset after the
+// extension ran, and new connections are refused: the outcome is unknown,
+// so Extend fails (not with ErrLockLost) and the lease still ends at its
+// old deadline, though the server extended it.
+func resetAfterExtend(t *testing.T, ctx context.Context, site *site, rdb redis.UniversalClient) {
+	t.Helper()
+	const name, short = "reset-extend", 1500 * time.Millisecond
+	key := "dlock:{" + name + "}"
+	pc, p := warmProxied(t, ctx, site, name)
+	l, err := pc.Mutex(name, dlock.TTL(short), dlock.NoRenew()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locked := time.Now() // after the acquire was sent: its deadline is before locked + short
+	p.Hold(faultproxy.Downstream)
+	extended := async(t, ctx, func(ctx context.Context) (*dlock.Lease, error) { return nil, l.Extend(ctx, 20*time.Second) })
+	waitFor(t, ctx, "the extension to run", func() bool { return rdb.PTTL(ctx, key).Val() > 10*time.Second })
+	p.Refuse(true)
+	p.ResetAll()
+	p.Release(faultproxy.Downstream)
+	if _, err := extended(); err == nil || errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Extend whose reply was reset after it ran: %v, want an error of unknown outcome", err)
+	}
+	// Not ordering: past the old deadline, which must stand.
+	time.Sleep(time.Until(locked.Add(short)))
+	if stillValid(l) {
+		t.Fatalf("the lease is believed valid past its TTL after an Extend of unknown outcome (%s)", dlock.Describe(l))
+	}
+	p.Refuse(false)
+	_ = l.Unlock(ctx)
+	if o := owner(ctx, rdb, name); o != "" {
+		t.Fatalf("owner %q after the Unlock of the lease whose Extend was unknown", o)
+	}
 }
 
 // A fence that goes backwards (the server lost the counter in a failover or

@@ -16,11 +16,17 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faultproxy"
 	"github.com/dlock-go/dlock/internal/redistest"
 )
 
 // dialer makes a go-redis client's connections.
 type dialer = func(ctx context.Context, network, addr string) (net.Conn, error)
+
+func dialDirect(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, network, addr)
+}
 
 // site is a started topology.
 type site struct {
@@ -75,6 +81,27 @@ func (s *site) clientVia(t *testing.T, dial dialer, opts ...dlock.Option) (*dloc
 	}
 	s.names[c] = name
 	return c, rdb
+}
+
+// proxied returns a new dlock Client whose connections to the server that
+// serves key now go through a fault proxy of their own, and that proxy
+// (closed when the test ends); its connections to any other server, and
+// to a server that serves key after a failover, are direct.
+func (s *site) proxied(t *testing.T, key string, opts ...dlock.Option) (*dlock.Client, *faultproxy.Proxy) {
+	t.Helper()
+	target := s.serverOf(t, key).Addr()
+	p, err := faultproxy.Start(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	c, _ := s.clientVia(t, func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if addr == target {
+			addr = p.Addr()
+		}
+		return dialDirect(ctx, network, addr)
+	}, opts...)
+	return c, p
 }
 
 // pastTTL is how a topology stays frozen past a lease's TTL when nothing
