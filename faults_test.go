@@ -2,7 +2,7 @@ package dlock_test
 
 // Faults from shared/SAFETY.md injected on a single server (topology S).
 // Each test names its row of the fault matrix. The checks that hold on
-// every topology are functions of a site (topologies_test.go).
+// every topology run on R and C too (siteChecks in topologies_test.go).
 
 import (
 	"context"
@@ -36,7 +36,9 @@ func writeFenced(ctx context.Context, rdb redis.Scripter, fence uint64, value st
 
 // Fault 4: the acquire is applied but its reply never arrives in time. The
 // caller must see an error, never success, and the lock must be free again
-// soon (dlock releases the token it may have been granted).
+// soon (dlock releases the token it may have been granted). On R and C
+// (siteChecks), the server frozen is the one that serves the lock: the
+// primary, the master of the lock's slot.
 func TestFault4AcquireReplyLost(t *testing.T) { acquireReplyLost(t, startS(t)) }
 
 func acquireReplyLost(t *testing.T, site *site) {
@@ -225,6 +227,14 @@ func contentionStorm(t *testing.T, site *site) {
 // The holder is told it lost the lock by its deadline, while that server
 // is still frozen; after it resumes exactly one of the queued waiters wins,
 // with a fence above the holder's.
+//
+// On R the sentinels fail the frozen primary over (after 1s): exactly one
+// waiter wins, on the promoted replica, while the old primary is still
+// frozen. The old primary, once it resumes, runs the acquires it had
+// queued and grants one, but its reply reaches nobody: every waiting
+// Client followed the promoted replica first (startR). (One that had not
+// would be granted the lock there too, as by a primary cut off with a
+// client: fault 6.) On C the frozen master is not failed over (startC).
 func TestFault14ServerPausedPastTTL(t *testing.T) { serverPausedPastTTL(t, startS(t)) }
 
 func serverPausedPastTTL(t *testing.T, site *site) {

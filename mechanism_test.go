@@ -235,7 +235,7 @@ func TestSemaphoreStateOutlivesItsHolders(t *testing.T) {
 // says ErrLockLost and leaves the new holder's owner and expiry alone; so
 // does Unlock, of another such lease. And a lease whose key is gone
 // altogether (deleted: a restart without persistence) is not made again by
-// Extend.
+// Extend. On R and C too (siteChecks).
 func TestExtendOfATakenLockChangesNothing(t *testing.T) { extendOfATakenLock(t, startS(t)) }
 
 func extendOfATakenLock(t *testing.T, site *site) {

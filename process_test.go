@@ -359,7 +359,8 @@ func TestKilledHolderFreesAtTTL(t *testing.T) {
 }
 
 // TestPausedHolderLosesLease is faults 1 and 2: a holder process paused
-// (SIGSTOP) past its TTL.
+// (SIGSTOP) past its TTL. On R and C too (siteChecks: the child dials the
+// topology as the test does).
 func TestPausedHolderLosesLease(t *testing.T) { pausedHolderLosesLease(t, startS(t)) }
 
 func pausedHolderLosesLease(t *testing.T, site *site) {
