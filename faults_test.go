@@ -1,7 +1,8 @@
 package dlock_test
 
 // Faults from shared/SAFETY.md injected on a single server (topology S).
-// Each test names its row of the fault matrix.
+// Each test names its row of the fault matrix. The checks that hold on
+// every topology run on R and C too (siteChecks in topologies_test.go).
 
 import (
 	"context"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faultproxy"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -27,17 +29,20 @@ if tonumber(ARGV[1]) < seen then return 0 end
 redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'value', ARGV[2])
 return 1`)
 
-func writeFenced(ctx context.Context, rdb *redis.Client, fence uint64, value string) bool {
+func writeFenced(ctx context.Context, rdb redis.Scripter, fence uint64, value string) bool {
 	n, err := fencedWrite.Run(ctx, rdb, []string{"register"}, fence, value).Int()
 	return err == nil && n == 1
 }
 
 // Fault 4: the acquire is applied but its reply never arrives in time. The
 // caller must see an error, never success, and the lock must be free again
-// soon (dlock releases the token it may have been granted).
-func TestFault4AcquireReplyLost(t *testing.T) {
-	s := redistest.Start(t)
-	c, rdb := newClient(t, s)
+// soon (dlock releases the token it may have been granted). On R and C
+// (siteChecks), the server frozen is the one that serves the lock: the
+// primary, the master of the lock's slot.
+func TestFault4AcquireReplyLost(t *testing.T) { acquireReplyLost(t, startS(t)) }
+
+func acquireReplyLost(t *testing.T, site *site) {
+	c, rdb := site.client(t)
 	ctx := ctxT(t, 20*time.Second)
 	if l, err := c.Mutex("lost-reply").TryLock(ctx); err != nil { // warm up
 		t.Fatal(err)
@@ -47,6 +52,7 @@ func TestFault4AcquireReplyLost(t *testing.T) {
 	// The server is frozen when our acquire is sent, and runs it once it
 	// resumes, after our 100ms ctx has ended. (Frozen with SIGSTOP, not DEBUG
 	// SLEEP: a sleep in progress cannot be observed, a stopped process is.)
+	s := site.serverOf(t, "dlock:{lost-reply}")
 	s.Pause()
 	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	_, err := c.Mutex("lost-reply", dlock.TTL(5*time.Second)).TryLock(tctx)
@@ -64,9 +70,34 @@ func TestFault4AcquireReplyLost(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("lock still held 2s after a lost acquire reply: owner %q", rdb.HGet(ctx, "dlock:{lost-reply}", "o").Val())
+			t.Fatalf("lock still held 2s after a lost acquire reply: owner %q", owner(ctx, rdb, "lost-reply"))
 		}
 		time.Sleep(20 * time.Millisecond) // poll; the 2s bound is what is tested
+	}
+
+	// The connection is reset after the acquire ran, before its reply came
+	// (a proxy in front of the server holds the reply back): go-redis sends
+	// it again, with the same token, and acquire.lua recognises it. The
+	// grant is real, so it is reported, held by that token, and freed by
+	// its Unlock.
+	pc, p := warmProxied(t, ctx, site, "reset-reply")
+	p.Hold(faultproxy.Downstream)
+	got := async(t, ctx, pc.Mutex("reset-reply", dlock.TTL(10*time.Second)).TryLock)
+	waitFor(t, ctx, "the acquire to run", func() bool { return owner(ctx, rdb, "reset-reply") != "" })
+	p.ResetAll()
+	p.Release(faultproxy.Downstream)
+	l, err := got()
+	if err != nil {
+		t.Fatalf("TryLock whose reply was reset after it ran: %v (owner %q)", err, owner(ctx, rdb, "reset-reply"))
+	}
+	if o := owner(ctx, rdb, "reset-reply"); o != l.Token() {
+		t.Fatalf("owner %q, want the lease's token %q", o, l.Token())
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o := owner(ctx, rdb, "reset-reply"); o != "" {
+		t.Fatalf("owner %q after Unlock", o)
 	}
 }
 
@@ -185,19 +216,30 @@ func TestFault9ClockJumpFenced(t *testing.T) {
 
 // Fault 13: a contention storm, 128 goroutines on 4 Clients: zero double
 // grants and everyone progresses.
-func TestFault13ContentionStorm(t *testing.T) {
-	s := redistest.Start(t)
-	cs, rdb := newClients(t, s, 4)
+func TestFault13ContentionStorm(t *testing.T) { contentionStorm(t, startS(t)) }
+
+func contentionStorm(t *testing.T, site *site) {
+	cs, rdb := site.clients(t, 4)
 	contend(t, ctxT(t, 60*time.Second), rdb, 128, 4, func(g int) *dlock.Mutex { return cs[g%4].Mutex("storm") })
 }
 
-// Fault 14: redis-server paused longer than the TTL. The holder is told it
-// lost the lock by its deadline, while Redis is still frozen; after the
-// server resumes exactly one of the queued waiters wins.
-func TestFault14ServerPausedPastTTL(t *testing.T) {
-	s := redistest.Start(t)
-	c, rdb := newClient(t, s)
-	ctx := ctxT(t, 30*time.Second)
+// Fault 14: the server that serves the lock is paused longer than the TTL.
+// The holder is told it lost the lock by its deadline, while that server
+// is still frozen; after it resumes exactly one of the queued waiters wins,
+// with a fence above the holder's.
+//
+// On R the sentinels fail the frozen primary over (after 1s): exactly one
+// waiter wins, on the promoted replica, while the old primary is still
+// frozen. The old primary, once it resumes, runs the acquires it had
+// queued and grants one, but its reply reaches nobody: every waiting
+// Client followed the promoted replica first (startR). (One that had not
+// would be granted the lock there too, as by a primary cut off with a
+// client: fault 6.) On C the frozen master is not failed over (startC).
+func TestFault14ServerPausedPastTTL(t *testing.T) { serverPausedPastTTL(t, startS(t)) }
+
+func serverPausedPastTTL(t *testing.T, site *site) {
+	c, rdb := site.client(t)
+	ctx := ctxT(t, 60*time.Second)
 	holder, err := c.Mutex("frozen", dlock.TTL(500*time.Millisecond)).Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -207,8 +249,10 @@ func TestFault14ServerPausedPastTTL(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
+	var names []string
 	for i := 0; i < 4; i++ {
-		wc, _ := newClient(t, s)
+		wc, _ := site.client(t)
+		names = append(names, site.names[wc])
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -220,6 +264,7 @@ func TestFault14ServerPausedPastTTL(t *testing.T) {
 		}()
 	}
 	waitLine(t, ctx, rdb, "dlock:{frozen}", 4) // every waiter in line
+	s := site.serverOf(t, "dlock:{frozen}")
 	paused := time.Now()
 	s.Pause()
 	select {
@@ -230,13 +275,19 @@ func TestFault14ServerPausedPastTTL(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("holder not told it lost the lock while the server was frozen")
 	}
-	time.Sleep(time.Second) // frozen well past the holder's TTL: the fault under test
+	site.frozen(t, ctx, s, names)
 	s.Resume()
+	if site.resumed != nil {
+		site.resumed(t, s, "dlock:{frozen}")
+	}
 	var first *dlock.Lease
 	select {
 	case first = <-grants:
 	case <-time.After(5 * time.Second):
 		t.Fatal("no waiter got the lock after the server resumed")
+	}
+	if first.Fence() <= holder.Fence() {
+		t.Fatalf("the waiter's fence %d is not above the holder's %d", first.Fence(), holder.Fence())
 	}
 	// Not ordering: time for a wrong second grant to happen; the check is
 	// that none does.
@@ -258,11 +309,14 @@ func TestFault14ServerPausedPastTTL(t *testing.T) {
 
 // Fault 17: a release whose reply was lost is retried. The retry must say
 // "released" (not ErrLockLost) when the first attempt went through, and
-// ErrLockLost when someone else has been granted the lock since.
-func TestFault17ReleaseRetry(t *testing.T) {
-	s := redistest.Start(t)
-	c, rdb := newClient(t, s)
-	ctx := ctxT(t, 10*time.Second)
+// ErrLockLost when someone else has been granted the lock since. Then the
+// fault itself, through a proxy in front of the server that serves the
+// lock: a connection reset during a release, or during an extend.
+func TestFault17ReleaseRetry(t *testing.T) { releaseRetry(t, startS(t)) }
+
+func releaseRetry(t *testing.T, site *site) {
+	c, rdb := site.client(t)
+	ctx := ctxT(t, 20*time.Second)
 	src, err := os.ReadFile("internal/wire/lua/release.lua")
 	if err != nil {
 		t.Fatal(err)
@@ -296,10 +350,91 @@ func TestFault17ReleaseRetry(t *testing.T) {
 	if err := l.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
 		t.Fatalf("retried Unlock after another grant: %v, want ErrLockLost", err)
 	}
-	if o := rdb.HGet(ctx, "dlock:{retry}", "o").Val(); o != other.Token() {
+	if o := owner(ctx, rdb, "retry"); o != other.Token() {
 		t.Fatal("the retried release touched the new holder")
 	}
 	_ = other.Unlock(ctx)
+
+	resetAfterRelease(t, ctx, site, rdb, c)
+	resetAfterExtend(t, ctx, site, rdb)
+}
+
+// warmProxied returns site.proxied's Client and proxy for lock name,
+// warmed up on it (warmUp). A test that holds replies back needs it: a
+// call on a new connection waits for its handshake's reply, and one that
+// meets NOSCRIPT for that reply, before it runs.
+func warmProxied(t *testing.T, ctx context.Context, site *site, name string) (*dlock.Client, *faultproxy.Proxy) {
+	t.Helper()
+	c, p := site.proxied(t, "dlock:{"+name+"}")
+	warmUp(t, ctx, c, name)
+	return c, p
+}
+
+// resetAfterRelease: the connection of an Unlock is reset after its release
+// ran, and the lock is taken (by other) before the reset. dlock sends the
+// release again, which finds the lock another's: the Unlock says nil (its
+// first run released the lock) and the new holder keeps it.
+func resetAfterRelease(t *testing.T, ctx context.Context, site *site, rdb redis.UniversalClient, other *dlock.Client) {
+	t.Helper()
+	const name = "reset-release"
+	pc, p := warmProxied(t, ctx, site, name)
+	l, err := pc.Mutex(name, dlock.TTL(10*time.Second)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Hold(faultproxy.Downstream)
+	unlocked := async(t, ctx, func(ctx context.Context) (*dlock.Lease, error) { return nil, l.Unlock(ctx) })
+	waitFor(t, ctx, "the release to run", func() bool { return owner(ctx, rdb, name) != l.Token() })
+	cur, err := other.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock once the release ran: %v", err)
+	}
+	p.ResetAll()
+	p.Release(faultproxy.Downstream)
+	if _, err := unlocked(); err != nil {
+		t.Fatalf("Unlock whose reply was reset after it ran, the lock taken since: %v, want nil", err)
+	}
+	if o := owner(ctx, rdb, name); o != cur.Token() {
+		t.Fatalf("owner %q after the resent release, want the new holder %q", o, cur.Token())
+	}
+	if err := cur.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// resetAfterExtend: the connection of an Extend is reset after the
+// extension ran, and new connections are refused: the outcome is unknown,
+// so Extend fails (not with ErrLockLost) and the lease still ends at its
+// old deadline, though the server extended it.
+func resetAfterExtend(t *testing.T, ctx context.Context, site *site, rdb redis.UniversalClient) {
+	t.Helper()
+	const name, short = "reset-extend", 1500 * time.Millisecond
+	key := "dlock:{" + name + "}"
+	pc, p := warmProxied(t, ctx, site, name)
+	l, err := pc.Mutex(name, dlock.TTL(short), dlock.NoRenew()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locked := time.Now() // after the acquire was sent: its deadline is before locked + short
+	p.Hold(faultproxy.Downstream)
+	extended := async(t, ctx, func(ctx context.Context) (*dlock.Lease, error) { return nil, l.Extend(ctx, 20*time.Second) })
+	waitFor(t, ctx, "the extension to run", func() bool { return rdb.PTTL(ctx, key).Val() > 10*time.Second })
+	p.Refuse(true)
+	p.ResetAll()
+	p.Release(faultproxy.Downstream)
+	if _, err := extended(); err == nil || errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Extend whose reply was reset after it ran: %v, want an error of unknown outcome", err)
+	}
+	// Not ordering: past the old deadline, which must stand.
+	time.Sleep(time.Until(locked.Add(short)))
+	if stillValid(l) {
+		t.Fatalf("the lease is believed valid past its TTL after an Extend of unknown outcome (%s)", dlock.Describe(l))
+	}
+	p.Refuse(false)
+	_ = l.Unlock(ctx)
+	if o := owner(ctx, rdb, name); o != "" {
+		t.Fatalf("owner %q after the Unlock of the lease whose Extend was unknown", o)
+	}
 }
 
 // A fence that goes backwards (the server lost the counter in a failover or

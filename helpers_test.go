@@ -52,7 +52,7 @@ func lockedAt(t *testing.T, ctx context.Context, lock func(context.Context) (*dl
 // It fails the test on a lost update, on two holders inside at once, or on
 // a fence not above the one before it in grant order (the order of the
 // counter values read inside).
-func contend(t *testing.T, ctx context.Context, rdb *redis.Client, workers, each int, mutexFor func(g int) *dlock.Mutex) {
+func contend(t *testing.T, ctx context.Context, rdb redis.Cmdable, workers, each int, mutexFor func(g int) *dlock.Mutex) {
 	t.Helper()
 	counter := "counter:" + t.Name()
 	var inside, maxInside atomic.Int32
@@ -111,7 +111,7 @@ func readOnly(o *redis.Options) {
 }
 
 // waitLine waits until the line of the lock key has n waiters.
-func waitLine(t *testing.T, ctx context.Context, rdb *redis.Client, key string, n int64) {
+func waitLine(t *testing.T, ctx context.Context, rdb redis.Cmdable, key string, n int64) {
 	t.Helper()
 	waitFor(t, ctx, fmt.Sprintf("%d in the line of %s", n, key), func() bool { return rdb.LLen(ctx, key+":q").Val() == n })
 }
@@ -120,7 +120,13 @@ func waitLine(t *testing.T, ctx context.Context, rdb *redis.Client, key string, 
 // ctx ends): tests wait for what they can observe, not for a while.
 func waitFor(t testing.TB, ctx context.Context, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	waitWithin(t, ctx, 10*time.Second, what, cond)
+}
+
+// waitWithin is waitFor with a bound of d.
+func waitWithin(t testing.TB, ctx context.Context, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			t.Fatalf("waited in vain for: %s", what)

@@ -232,40 +232,66 @@ func TestSemaphoreStateOutlivesItsHolders(t *testing.T) {
 // TestExtendOfATakenLockChangesNothing: a lease still believed valid whose
 // lock was taken by another Client (its key expired early, as when the
 // server's clock jumps). Extend reaches Redis, finds the lock not its own,
-// says ErrLockLost and leaves the new holder's expiry alone.
-func TestExtendOfATakenLockChangesNothing(t *testing.T) {
-	s := redistest.Start(t)
-	c1, rdb := newClient(t, s)
-	c2, _ := newClient(t, s)
+// says ErrLockLost and leaves the new holder's owner and expiry alone; so
+// does Unlock, of another such lease. And a lease whose key is gone
+// altogether (deleted: a restart without persistence) is not made again by
+// Extend. On R and C too (siteChecks).
+func TestExtendOfATakenLockChangesNothing(t *testing.T) { extendOfATakenLock(t, startS(t)) }
+
+func extendOfATakenLock(t *testing.T, site *site) {
+	c1, rdb := site.client(t)
+	c2, _ := site.client(t)
 	ctx := ctxT(t, 20*time.Second)
-	const name = "taken"
-	key := wire.HashKey(wire.DefaultPrefix, name)
-	old, err := c1.Mutex(name, dlock.TTL(10*time.Second)).Lock(ctx)
+	for _, stale := range []struct {
+		call string
+		do   func(*dlock.Lease) error
+	}{
+		{"Extend", func(l *dlock.Lease) error { return l.Extend(ctx, time.Minute) }},
+		{"Unlock", func(l *dlock.Lease) error { return l.Unlock(ctx) }},
+	} {
+		name := "taken-" + stale.call
+		key := wire.HashKey(wire.DefaultPrefix, name)
+		old, err := c1.Mutex(name, dlock.TTL(10*time.Second)).Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdb.PExpire(ctx, key, time.Millisecond) // the clock jumped
+		waitFor(t, ctx, "the key expired early", func() bool { return rdb.Exists(ctx, key).Val() == 0 })
+		cur, err := c2.Mutex(name, dlock.TTL(5*time.Second)).TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !stillValid(old) {
+			t.Fatalf("the old lease ended before %s: the test does not reach Redis with it", stale.call)
+		}
+		if err := stale.do(old); !errors.Is(err, dlock.ErrLockLost) {
+			t.Fatalf("%s of a lock taken by another Client: %v, want ErrLockLost", stale.call, err)
+		}
+		if cause := context.Cause(old.Context()); stale.call == "Extend" && !errors.Is(cause, dlock.ErrLockLost) {
+			t.Fatalf("the old lease's context after Extend: %v, want ErrLockLost", cause)
+		}
+		if ttl := rdb.PTTL(ctx, key).Val(); ttl > 5*time.Second {
+			t.Fatalf("the new holder's lock now expires in %v: the stale %s moved it", ttl, stale.call)
+		}
+		if o := owner(ctx, rdb, name); o != cur.Token() {
+			t.Fatalf("owner %q after the stale %s, want the new holder", o, stale.call)
+		}
+		_ = cur.Unlock(ctx)
+	}
+
+	const gone = "gone"
+	goneKey := wire.HashKey(wire.DefaultPrefix, gone)
+	l, err := c1.Mutex(gone, dlock.TTL(10*time.Second), dlock.NoRenew()).Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rdb.PExpire(ctx, key, time.Millisecond) // the clock jumped
-	waitFor(t, ctx, "the key expired early", func() bool { return rdb.Exists(ctx, key).Val() == 0 })
-	cur, err := c2.Mutex(name, dlock.TTL(5*time.Second)).TryLock(ctx)
-	if err != nil {
-		t.Fatal(err)
+	rdb.Del(ctx, goneKey)
+	if err := l.Extend(ctx, time.Minute); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("Extend of a lease whose key was deleted: %v, want ErrLockLost", err)
 	}
-	if !stillValid(old) {
-		t.Fatal("the old lease ended before Extend: the test does not reach Redis with it")
+	if n := rdb.Exists(ctx, goneKey).Val(); n != 0 {
+		t.Fatalf("Extend made the deleted key again (owner %q)", owner(ctx, rdb, gone))
 	}
-	if err := old.Extend(ctx, time.Minute); !errors.Is(err, dlock.ErrLockLost) {
-		t.Fatalf("Extend of a lock taken by another Client: %v, want ErrLockLost", err)
-	}
-	if cause := context.Cause(old.Context()); !errors.Is(cause, dlock.ErrLockLost) {
-		t.Fatalf("the old lease's context: %v, want ErrLockLost", cause)
-	}
-	if ttl := rdb.PTTL(ctx, key).Val(); ttl > 5*time.Second {
-		t.Fatalf("the new holder's lock now expires in %v: the stale Extend moved it", ttl)
-	}
-	if o := owner(ctx, rdb, name); o != cur.Token() {
-		t.Fatalf("owner %q, want the new holder", o)
-	}
-	_ = cur.Unlock(ctx)
 }
 
 // TestPassOfATakenLock: a holder whose lock was taken behind its back (the

@@ -99,25 +99,26 @@ func expectLine(t *testing.T, sc *bufio.Scanner, prefix string) string {
 }
 
 func runChild(role string) int {
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(childAddrEnv), PoolSize: 64})
-	defer rdb.Close()
-	c := dlock.New(rdb)
+	uc := childRedis(os.Getenv(childAddrEnv))
+	defer uc.Close()
+	c := dlock.New(uc)
 	defer c.Close()
 	arg := os.Getenv(childArgEnv)
+	rdb, one := uc.(*redis.Client) // one server: every role; else "hold" only
 	var err error
-	switch role {
-	case "counter":
+	switch {
+	case role == "hold":
+		err = childHold(c, uc, arg)
+	case !one:
+		err = fmt.Errorf("role %q runs on one server only, not on %s", role, os.Getenv(childAddrEnv))
+	case role == "counter":
 		err = childCounter(c, rdb, arg)
-	case "hold":
-		err = childHold(c, rdb, arg)
-	case "fair":
+	case role == "fair":
 		err = childFair(c, rdb)
+	case familyRoles[role] != nil:
+		err = familyRoles[role](c, rdb, arg)
 	default:
-		if f := familyRoles[role]; f != nil {
-			err = f(c, rdb, arg)
-		} else {
-			err = fmt.Errorf("unknown role %q", role)
-		}
+		err = fmt.Errorf("unknown role %q", role)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
@@ -177,7 +178,7 @@ func childCounter(c *dlock.Client, rdb *redis.Client, arg string) error {
 
 // childHold: "ttl". Take the lock "held", print "locked FENCE", then on each
 // stdin line "check" print the lease state, and exit on EOF.
-func childHold(c *dlock.Client, rdb *redis.Client, arg string) error {
+func childHold(c *dlock.Client, rdb redis.UniversalClient, arg string) error {
 	ttl, err := time.ParseDuration(arg)
 	if err != nil {
 		return err
@@ -357,14 +358,18 @@ func TestKilledHolderFreesAtTTL(t *testing.T) {
 	_ = l.Unlock(ctx)
 }
 
-func TestPausedHolderLosesLease(t *testing.T) {
-	s := redistest.Start(t)
-	cmd, stdin, sc := startChild(t, "hold", s.Addr(), "500ms")
+// TestPausedHolderLosesLease is faults 1 and 2: a holder process paused
+// (SIGSTOP) past its TTL. On R and C too (siteChecks: the child dials the
+// topology as the test does).
+func TestPausedHolderLosesLease(t *testing.T) { pausedHolderLosesLease(t, startS(t)) }
+
+func pausedHolderLosesLease(t *testing.T, site *site) {
+	cmd, stdin, sc := startChild(t, "hold", site.child, "500ms")
 	childFence, _ := strconv.ParseUint(expectLine(t, sc, "locked "), 10, 64)
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	c, rdb := newClient(t, s)
+	c, rdb := site.client(t)
 	ctx := ctxT(t, 20*time.Second)
 	l, err := c.Mutex("held").Lock(ctx)
 	if err != nil {
@@ -395,7 +400,7 @@ func TestPausedHolderLosesLease(t *testing.T) {
 	if v := rdb.HGet(ctx, "register", "value").Val(); v != "new holder" {
 		t.Fatalf("register = %q", v)
 	}
-	if o := rdb.HGet(ctx, "dlock:{held}", "o").Val(); o != l.Token() {
+	if o := owner(ctx, rdb, "held"); o != l.Token() {
 		t.Fatalf("owner is %q, want the new holder", o)
 	}
 	if _, err := l.TTL(ctx); err != nil {

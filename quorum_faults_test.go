@@ -287,12 +287,14 @@ func warmQuorum(t *testing.T, ctx context.Context, servers []*redistest.Server, 
 	t.Helper()
 	proxies, rdbs := throughProxies(t, servers)
 	c := newQuorum(t, rdbs, opts...)
-	warm(t, ctx, servers, c, name)
+	warmUp(t, ctx, c, name)
+	releasedOnAll(t, servers, name, "after warming up")
 	return proxies, c
 }
 
-// warm is warmQuorum's warm-up of c.
-func warm(t *testing.T, ctx context.Context, servers []*redistest.Server, c *dlock.Client, name string) {
+// warmUp locks name with c, extends and unlocks it: c's connections are
+// open and the scripts of those calls loaded.
+func warmUp(t *testing.T, ctx context.Context, c *dlock.Client, name string) {
 	t.Helper()
 	l, err := c.Mutex(name).TryLock(ctx)
 	if err != nil {
@@ -304,7 +306,6 @@ func warm(t *testing.T, ctx context.Context, servers []*redistest.Server, c *dlo
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	releasedOnAll(t, servers, name, "after warming up")
 }
 
 // Fault 4: the acquire runs on the masters but replies are lost. It is
@@ -992,7 +993,8 @@ func TestQuorumUnlockDecidedByMajority(t *testing.T) {
 		// connection's read timeout first.
 		proxies, rdbs := throughProxies(t, servers, func(o *redis.Options) { o.ReadTimeout = 30 * time.Second })
 		c := newQuorum(t, rdbs, slow)
-		warm(t, ctx, servers, c, name)
+		warmUp(t, ctx, c, name)
+		releasedOnAll(t, servers, name, "after warming up")
 		l, err := c.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
 		if err != nil {
 			t.Fatal(err)

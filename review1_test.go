@@ -32,7 +32,7 @@ func reviewClient(t testing.TB, s *redistest.Server, maxDelay time.Duration, opt
 }
 
 // owner returns the owner token of a mutex at Redis ("" when free or gone).
-func owner(ctx context.Context, rdb *redis.Client, name string) string {
+func owner(ctx context.Context, rdb redis.Cmdable, name string) string {
 	o, _ := rdb.HGet(ctx, "dlock:{"+name+"}", "o").Result()
 	return o
 }
