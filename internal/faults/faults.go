@@ -118,6 +118,9 @@ type Rule struct {
 	Script string
 	// Via restricts the rule to single commands or to batches.
 	Via Via
+	// Match, if set, restricts the rule further to the calls it accepts
+	// (by their keys and arguments: a script's calls that take one path).
+	Match func(Call) bool
 	// Kind is the fault.
 	Kind Kind
 	// P is the chance that a matching call gets the fault. Ignored when
@@ -135,7 +138,7 @@ type Rule struct {
 }
 
 func (r Rule) matches(c Call) bool {
-	if r.Via != AnyVia && r.Via != c.Via {
+	if r.Via != AnyVia && r.Via != c.Via || r.Match != nil && !r.Match(c) {
 		return false
 	}
 	if r.Script == "" || r.Script == c.Script {

@@ -312,6 +312,19 @@ func TestExactCalls(t *testing.T) {
 	}
 }
 
+// A rule with Match applies to the calls it accepts only, and counts only
+// those: its second accepted call is the fourth call.
+func TestMatch(t *testing.T) {
+	_, rdb, plain, sha := setup(t, faults.Rule{Script: "set", Kind: faults.FailSend, Calls: []int{2},
+		Match: func(c faults.Call) bool { return strings.HasPrefix(c.Keys[0], "yes") }})
+	for i, key := range []string{"yes1", "no2", "no3", "yes4", "yes5"} {
+		r := <-call(rdb, sha, key)
+		if want := key != "yes4"; (r.err == nil) != want || isSet(t, plain, key) != want {
+			t.Fatalf("call %d (%s): %v, set=%v, want ok=%v", i+1, key, r.err, isSet(t, plain, key), want)
+		}
+	}
+}
+
 // The same seed makes the same choices for the same calls.
 func TestSeeded(t *testing.T) {
 	s := redistest.Start(t)
