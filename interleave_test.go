@@ -410,7 +410,7 @@ func (w *interleaving) injector(seed uint64, slow float64) *faults.Injector {
 	}
 	return faults.New(faults.Config{
 		Seed:    seed,
-		Scripts: engineScripts(w.t),
+		Scripts: faults.EngineScripts(),
 		Rules: []faults.Rule{
 			// A grant whose reply comes after its lease's TTL is too late
 			// to be valid: the call must not return it, and gives it back
