@@ -9,10 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -195,6 +197,79 @@ func (w *interleaving) heldAtRedis(ctx context.Context, plain *redis.Client, key
 	}
 	return false, ""
 }
+
+// lateGrantOp counts, among a run's ops, the Try calls that reported a
+// grant too late to be valid, given back.
+const lateGrantOp = "late grant given back"
+
+// lateGrants checks the outcome of a lock call (Lock, TryLock, ...) asking
+// for ttl against the acquire replies of its token that the late rule (see
+// injector) held back by ttl or more: a grant such a reply brought came
+// too late to be valid, so the call gave it back (a Try call reports
+// ErrNotObtained, saying why; a Lock tries again) and must not return it.
+// A lease is dated from the send of the acquire that granted it: from a
+// later acquire, sent after that reply, its deadline is after the reply;
+// from that reply's, before it. Try calls' reports of a late grant given
+// back are counted (Lock calls' by lateLog), so that a run shows it
+// reached that path.
+func (w *interleaving) lateGrants(ic *ilClient, ttl time.Duration, l *dlock.Lease, err error) {
+	if err != nil {
+		if errors.Is(err, dlock.ErrNotObtained) && strings.Contains(err.Error(), "past the lease's validity") {
+			w.count(lateGrantOp)
+		}
+		return
+	}
+	acquire, tok, deadline := w.acquireScript(), l.Token(), dlock.Deadline(l)
+	kept := ic.ins[0].Events(func(e faults.Event) bool {
+		return e.Kind == faults.DelayReply && e.Delay >= ttl && e.Call.Script == acquire && outsideLine(e.Call) &&
+			e.Call.Has(tok) && deadline.Before(w.epoch.Add(e.At+e.Delay))
+	})
+	if len(kept) > 0 {
+		w.mu.Lock()
+		w.failf("a lock call with TTL %v returned a lease (token %s) valid until %.3fs, granted by an acquire whose reply was held back past that: %v",
+			ttl, tok, deadline.Sub(w.epoch).Seconds(), kept)
+		w.mu.Unlock()
+	}
+}
+
+// outsideLine reports whether c is an acquire that takes no place in the
+// line (a Try call's, or a Lock's first look): acquire.lua with KEYS[1]
+// alone, fair_acquire.lua or sem.lua's "a" with join (ARGV[4], ARGV[5])
+// "0". The late rule spares the looks of waiters in line: a hand-over
+// heard after a late look is dated from that look's send, which has passed
+// (the lease comes back ended, never believed valid), and lateGrants could
+// not tell it from a late grant kept.
+func outsideLine(c faults.Call) bool {
+	switch c.Script {
+	case "acquire":
+		return len(c.Keys) == 1
+	case "fair_acquire":
+		return len(c.Args) > 3 && c.Args[3] == "0"
+	case "sem." + wire.SemAcquire:
+		return len(c.Args) > 4 && c.Args[4] == "0"
+	}
+	return false
+}
+
+// lateLog is the logger of a run's Clients: it counts the late grants
+// their Lock calls gave back, which they report (at debug level, with
+// ErrNotObtained) before they try again.
+type lateLog struct{ n *atomic.Int64 }
+
+func (h lateLog) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h lateLog) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if err, ok := a.Value.Any().(error); ok && errors.Is(err, dlock.ErrNotObtained) {
+			h.n.Add(1)
+		}
+		return true
+	})
+	return nil
+}
+
+func (h lateLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h lateLog) WithGroup(string) slog.Handler      { return h }
 
 // returnedBy fails the run if a call whose ctx ended at end returned more
 // than 3s after that: no call may hang past its ctx.

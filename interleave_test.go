@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"runtime/pprof"
@@ -32,7 +33,8 @@ import (
 // (internal/faults: delays before sending and of the reply, replies lost
 // after Redis ran the command, sends that fail, cut connections; SSUBSCRIBEs
 // confirmed late, refused, or followed by a drop, and server-side
-// unsubscribes).
+// unsubscribes; in some runs, acquire replies held back past the lease's
+// TTL, which bring grants too late to be valid).
 //
 // A lease counts as believed valid from the return of the call that granted
 // it until its holder calls Unlock or sees its context ended. Each check
@@ -47,6 +49,8 @@ import (
 //     writer's); a semaphore never grants one fence twice;
 //   - a Mutex lease, valid or not, has a fence above every lease whose
 //     call returned before its own call was made;
+//   - no call returned a lease granted by an acquire whose reply was held
+//     back past its TTL (see lateGrants);
 //
 // and, after every caller has returned, that the lock is free at Redis
 // within one TTL (no holding left renewed or counted), and that no call
@@ -61,7 +65,23 @@ import (
 // failure prints the command that replays it; with DLOCK_EVENTS=1 it also
 // prints every fault injected, on the run's clock, with the tokens they
 // concern (leases are printed with theirs).
-func TestInterleavings(t *testing.T) { interleavings(t, "TestInterleavings", ilSingle) }
+func TestInterleavings(t *testing.T) { interleavings(t, "TestInterleavings", ilSingle, ilKinds, "") }
+
+// TestInterleavingsLateGrants is TestInterleavings for the RWMutex with a
+// profile that weighs late grants: most acquires that take no place in
+// line (a Try call's, a Lock's first look) have their reply held back past
+// the lease's TTL, and every lock call may wait long enough to see it.
+// Such a grant is too late to be valid: the call gives it back and must
+// not return it (see lateGrants). The run must show some given back (an
+// RWMutex's readers share it, so that first looks find it free more often
+// than a mutex's). Other seeds weigh late grants less, or not at all.
+func TestInterleavingsLateGrants(t *testing.T) {
+	late, seeds := interleavings(t, "TestInterleavingsLateGrants", ilSingle, []string{"rw"}, "late=0.8,patient=1,long=0.05")
+	t.Logf("late grants given back: %d in %d seeds", late, seeds)
+	if seeds > 0 && late == 0 {
+		t.Errorf("no call gave back a late grant in %d seeds: the acquire replies held back past the TTL did not reach that path", seeds)
+	}
+}
 
 // TestInterleavingsReplicaAck is TestInterleavings on a primary with one
 // replica, every Client made WithReplicaAck(1, ...), the replica stopped
@@ -70,7 +90,7 @@ func TestInterleavings(t *testing.T) { interleavings(t, "TestInterleavings", ilS
 // replica too, and calls fail with ErrNotReplicated rather than grant what
 // the replica has not confirmed.
 func TestInterleavingsReplicaAck(t *testing.T) {
-	interleavings(t, "TestInterleavingsReplicaAck", ilReplicaAck)
+	interleavings(t, "TestInterleavingsReplicaAck", ilReplicaAck, ilKinds, "")
 }
 
 // TestInterleavingsQuorum is TestInterleavings for the Mutex (default
@@ -88,7 +108,7 @@ func TestInterleavingsReplicaAck(t *testing.T) {
 // in grant order whether or not every grant raised its fence on a
 // majority.
 func TestInterleavingsQuorum(t *testing.T) {
-	interleavings(t, "TestInterleavingsQuorum", ilQuorum)
+	interleavings(t, "TestInterleavingsQuorum", ilQuorum, []string{"mutex"}, "") // quorum mode has the Mutex in default mode only
 }
 
 // ilTopology is what the lock of an interleaving run lives on.
@@ -103,8 +123,14 @@ const (
 // ilMasters is how many masters a quorum run has.
 const ilMasters = 5
 
-// interleavings runs the interleaving test named test on topo.
-func interleavings(t *testing.T, test string, topo ilTopology) {
+// ilKinds are the primitives an interleaving run may lock.
+var ilKinds = []string{"mutex", "fair", "rw", "sem"}
+
+// interleavings runs the interleaving test named test on topo for each of
+// kinds; profile (as DLOCK_CHAOS_PROFILE, which comes after it) sets fields
+// of every seed's profile. It returns how many late grants the seeds' calls
+// gave back, and how many seeds ran to their end.
+func interleavings(t *testing.T, test string, topo ilTopology, kinds []string, profile string) (late int64, seeds int) {
 	dur := 3 * time.Second
 	if v := os.Getenv("DLOCK_CHAOS"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -118,10 +144,6 @@ func interleavings(t *testing.T, test string, topo ilTopology) {
 	if replay {
 		rounds = 1
 	}
-	kinds := []string{"mutex", "fair", "rw", "sem"}
-	if topo == ilQuorum {
-		kinds = kinds[:1] // quorum mode has the Mutex in default mode only
-	}
 	for _, kind := range kinds {
 		t.Run(kind, func(t *testing.T) {
 			for range rounds {
@@ -130,17 +152,20 @@ func interleavings(t *testing.T, test string, topo ilTopology) {
 					seed = rand.Uint64N(1 << 40)
 				}
 				t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-					w := newInterleaving(t, kind, seed, dur, topo)
+					w := newInterleaving(t, kind, seed, dur, topo, profile)
 					defer func() {
 						if t.Failed() {
 							t.Logf("replay: DLOCK_SEED=%d DLOCK_CHAOS=%v go test -race -count=1 -run '%s/%s/seed=%d$' .", seed, dur, test, kind, seed)
 						}
 					}()
 					w.run()
+					seeds++
+					late += int64(w.ops[lateGrantOp]) + w.lateLocks.Load()
 				})
 			}
 		})
 	}
+	return late, seeds
 }
 
 // ilReplicaWait is how long grants wait for the replica's confirmation.
@@ -171,9 +196,10 @@ type interleaving struct {
 	link         *faultproxy.Proxy
 	prof         ilProfile
 
-	slots  []atomic.Pointer[ilClient] // the Clients the workers use, replaced as they close
-	gen    atomic.Int64               // Clients made so far
-	maxTTL time.Duration              // the longest TTL any call asked for
+	slots     []atomic.Pointer[ilClient] // the Clients the workers use, replaced as they close
+	gen       atomic.Int64               // Clients made so far
+	lateLocks atomic.Int64               // late grants that Lock calls gave back before they tried again
+	maxTTL    time.Duration              // the longest TTL any call asked for
 
 	mu       sync.Mutex
 	held     map[*ilLease]struct{} // granted, not yet given up by its holder
@@ -231,6 +257,8 @@ type ilProfile struct {
 	subs    float64       // multiplies every subscription fault's chance
 	chaos   time.Duration // mean time between closes, pauses and kills
 	slow    float64       // quorum: multiplies every script fault's chance on the first master
+	late    float64       // one server: chance that the reply of an acquire outside the line comes past its TTL
+	patient float64       // chance that a lock call may wait 2s (else up to 300ms)
 }
 
 func drawProfile(seed uint64) ilProfile {
@@ -246,6 +274,8 @@ func drawProfile(seed uint64) ilProfile {
 		subs:    pick(0, 2),
 		chaos:   time.Duration(pick(300, 2000)) * time.Millisecond,
 		slow:    pick(1, 5),
+		late:    pick(0, 0.3),
+		patient: pick(1.0/3, 2.0/3),
 	}
 }
 
@@ -255,7 +285,7 @@ func (p *ilProfile) override(t *testing.T, spec string) {
 	for _, kv := range strings.Split(spec, ",") {
 		k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
 		f, err := strconv.ParseFloat(v, 64)
-		fields := map[string]*float64{"noRenew": &p.noRenew, "long": &p.long, "extend": &p.extend, "faults": &p.faults, "passes": &p.passes, "subs": &p.subs, "slow": &p.slow}
+		fields := map[string]*float64{"noRenew": &p.noRenew, "long": &p.long, "extend": &p.extend, "faults": &p.faults, "passes": &p.passes, "subs": &p.subs, "slow": &p.slow, "late": &p.late, "patient": &p.patient}
 		ptr := fields[k]
 		switch {
 		case err == nil && ptr != nil:
@@ -271,8 +301,8 @@ func (p *ilProfile) override(t *testing.T, spec string) {
 }
 
 func (p ilProfile) String() string {
-	return fmt.Sprintf("noRenew %.2f, long holds %.2f up to %v, extend %.2f, faults x%.0f, pass/extend faults %.1f, subscription faults x%.0f, chaos every %v, (quorum) first master's faults x%.0f",
-		p.noRenew, p.long, p.longMax, p.extend, p.faults, p.passes, p.subs, p.chaos, p.slow)
+	return fmt.Sprintf("noRenew %.2f, long holds %.2f up to %v, extend %.2f, faults x%.0f, pass/extend faults %.1f, subscription faults x%.0f, chaos every %v, (quorum) first master's faults x%.0f, (one server) late grants %.2f, patient %.2f",
+		p.noRenew, p.long, p.longMax, p.extend, p.faults, p.passes, p.subs, p.chaos, p.slow, p.late, p.patient)
 }
 
 const (
@@ -280,9 +310,10 @@ const (
 	ilWorkers = 4    // per Client slot
 	ilSize    = 4    // a semaphore's permits
 	ilMaxTTL  = 4000 // ms: the longest TTL a call asks for
+	ilLockTTL = 650  // ms: lock calls ask for a TTL below this
 )
 
-func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration, topo ilTopology) *interleaving {
+func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration, topo ilTopology, profile string) *interleaving {
 	w := &interleaving{
 		t: t, kind: kind, seed: seed, dur: dur, topo: topo,
 		// Every byte a name may hold must survive keys, entries and channels.
@@ -295,8 +326,10 @@ func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration, 
 		maxTTL: ilMaxTTL * time.Millisecond,
 		prof:   drawProfile(seed),
 	}
-	if spec := os.Getenv("DLOCK_CHAOS_PROFILE"); spec != "" {
-		w.prof.override(t, spec)
+	for _, spec := range []string{profile, os.Getenv("DLOCK_CHAOS_PROFILE")} {
+		if spec != "" {
+			w.prof.override(t, spec)
+		}
 	}
 	switch topo {
 	case ilSingle:
@@ -355,7 +388,7 @@ func (w *interleaving) newClient() *ilClient {
 	opts := []dlock.Option{dlock.WithAutoPipeline(r.IntN(2) == 0)}
 	switch w.topo {
 	case ilSingle:
-		ic.c = dlock.New(rdbs[0], opts...)
+		ic.c = dlock.New(rdbs[0], append(opts, dlock.WithLogger(slog.New(lateLog{&w.lateLocks})))...)
 	case ilReplicaAck:
 		ic.c = dlock.New(rdbs[0], append(opts, dlock.WithReplicaAck(1, ilReplicaWait))...)
 	case ilQuorum:
@@ -371,10 +404,18 @@ func (w *interleaving) newClient() *ilClient {
 // chance of each script fault multiplied by slow.
 func (w *interleaving) injector(seed uint64, slow float64) *faults.Injector {
 	ms, f, p, sf := time.Millisecond, w.prof.faults*slow, w.prof.passes*slow, w.prof.subs
+	late := 0.0
+	if w.topo == ilSingle {
+		late = w.prof.late
+	}
 	return faults.New(faults.Config{
 		Seed:    seed,
-		Scripts: engineScripts(w.t),
+		Scripts: faults.EngineScripts(),
 		Rules: []faults.Rule{
+			// A grant whose reply comes after its lease's TTL is too late
+			// to be valid: the call must not return it, and gives it back
+			// (checked by lateGrants).
+			{Script: w.acquireScript(), Match: outsideLine, Kind: faults.DelayReply, P: late, Min: (ilLockTTL + 50) * ms, Max: time.Second},
 			{Script: "pass", Kind: faults.LoseReply, P: p, Max: 300 * ms},
 			{Script: "pass", Kind: faults.DelaySend, P: p, Max: 150 * ms},
 			{Script: "extend", Via: faults.Batch, Kind: faults.DelaySend, P: p, Max: 200 * ms}, // a renewal in flight for long
@@ -394,6 +435,18 @@ func (w *interleaving) injector(seed uint64, slow float64) *faults.Injector {
 }
 
 func (w *interleaving) now() time.Duration { return time.Since(w.epoch) }
+
+// acquireScript names the script call (as faults.Rule.Script does) that
+// takes the lock of the run's kind.
+func (w *interleaving) acquireScript() string {
+	switch w.kind {
+	case "mutex":
+		return "acquire"
+	case "fair":
+		return "fair_acquire"
+	}
+	return "sem." + wire.SemAcquire
+}
 
 func (w *interleaving) count(op string) {
 	w.mu.Lock()
@@ -470,7 +523,7 @@ func (w *interleaving) run() {
 			t.Logf("client %d%s faults: %s", ic.gen, w.masterName(i), in.Summary())
 		}
 	}
-	t.Logf("hand-overs heard: %d", heard)
+	t.Logf("hand-overs heard: %d; late grants given back: %d by Try calls, %d by Lock calls", heard, w.ops[lateGrantOp], w.lateLocks.Load())
 	// Waiters in line at Redis are handed the lock by the release that frees
 	// it, and told so by message: most grants of a Fair mutex, an RWMutex
 	// or a Semaphore under contention come that way, even with these faults.
@@ -708,13 +761,13 @@ func (w *interleaving) round(r *rand.Rand, slot int) {
 
 // obtain makes one lock call of a random kind, with random options.
 func (w *interleaving) obtain(r *rand.Rand, ic *ilClient) (*ilLease, error) {
-	ttl := time.Duration(250+r.IntN(400)) * time.Millisecond
+	ttl := time.Duration(250+r.IntN(ilLockTTL-250)) * time.Millisecond
 	opts := []dlock.LockOption{dlock.TTL(ttl)}
 	if r.Float64() < w.prof.noRenew {
 		opts = append(opts, dlock.NoRenew())
 	}
 	wait := time.Duration(r.IntN(300)) * time.Millisecond
-	if r.IntN(3) == 0 {
+	if r.Float64() < w.prof.patient {
 		wait = 2 * time.Second
 	}
 	deadline := time.Now().Add(wait)
@@ -775,6 +828,7 @@ func (w *interleaving) obtain(r *rand.Rand, ic *ilClient) (*ilLease, error) {
 	}
 	w.count(me.via)
 	w.returnedBy(me.via, deadline)
+	w.lateGrants(ic, ttl, l, err)
 	if err != nil {
 		return nil, err
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/childproc"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -51,39 +52,12 @@ func startChild(t *testing.T, role, addr, arg string) (*exec.Cmd, io.WriteCloser
 	return cmd, stdin, sc
 }
 
-// childProc is how a child is started and waited for: an *exec.Cmd, or
-// one that runs under a tracer (internal/wallclock).
-type childProc interface {
-	Start() error
-	Wait() error
-}
-
-// launchChild starts cmd (through p) as a child playing role, and returns
-// its stdin and a scanner of its stdout. The child is killed when the test
-// ends.
-func launchChild(t *testing.T, p childProc, cmd *exec.Cmd, role, addr, arg string) (io.WriteCloser, *bufio.Scanner) {
+// launchChild starts cmd (through p: cmd, or a wallclock.Cmd around it) as
+// a child playing role, and returns its stdin and a scanner of its stdout.
+// The child is killed when the test ends.
+func launchChild(t *testing.T, p childproc.Proc, cmd *exec.Cmd, role, addr, arg string) (io.WriteCloser, *bufio.Scanner) {
 	t.Helper()
-	cmd.Env = append(os.Environ(), childRoleEnv+"="+role, childAddrEnv+"="+addr, childArgEnv+"="+arg)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = p.Wait()
-	})
-	sc := bufio.NewScanner(stdout)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	return stdin, sc
+	return childproc.Start(t, p, cmd, childRoleEnv+"="+role, childAddrEnv+"="+addr, childArgEnv+"="+arg)
 }
 
 // expectLine reads child output lines until one starts with prefix.

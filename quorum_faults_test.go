@@ -492,7 +492,7 @@ func TestFault7QuorumRestartWithoutPersistence(t *testing.T) {
 // paused holder's lease context has ended by the time it resumes, and its
 // late write is refused by a resource that checks fences: the new holder's
 // fence is higher, though the masters' counters expired with the first
-// lease (the clock term of quorum_acquire.lua carries fences over that).
+// lease (the clock term of acquire.lua, which quorum_acquire.lua runs, carries fences over that).
 func TestFault1QuorumPausedHolderFenced(t *testing.T) {
 	servers, rdbs := quorumMasters(t, 5)
 	a, b := newQuorum(t, rdbs), newQuorum(t, rdbs)

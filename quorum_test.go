@@ -376,7 +376,7 @@ func TestQuorumLateAnswerOfAnEarlierAttempt(t *testing.T) {
 	var first *faults.Injector
 	for i, s := range servers {
 		loadScripts(t, rdbs[i].(*redis.Client))
-		in := faults.New(faults.Config{Scripts: engineScripts(t), Rules: rules[i], MaxDelay: 2 * late})
+		in := faults.New(faults.Config{Scripts: faults.EngineScripts(), Rules: rules[i], MaxDelay: 2 * late})
 		if i == 0 {
 			first = in
 		}
@@ -453,7 +453,7 @@ func TestQuorumMajorityTooLate(t *testing.T) {
 		for i, s := range servers {
 			loadScripts(t, rdbs[i].(*redis.Client))
 			rdb := s.Client(t)
-			rdb.AddHook(faults.New(faults.Config{Scripts: engineScripts(t), Rules: []faults.Rule{rule}}))
+			rdb.AddHook(faults.New(faults.Config{Scripts: faults.EngineScripts(), Rules: []faults.Rule{rule}}))
 			fr = append(fr, rdb)
 		}
 		return newQuorum(t, fr, dlock.WithNodeTimeout(time.Second))

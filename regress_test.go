@@ -14,23 +14,13 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// engineScripts names dlock's scripts for fault rules.
-func engineScripts(t testing.TB) *faults.Scripts {
-	t.Helper()
-	sc, err := faults.LoadScripts("internal/wire/lua", "sem")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sc
-}
-
 // faultyClient is a dlock Client whose Redis client injects faults by rules.
 // The server has every script loaded first, so that a fault never meets a
 // NOSCRIPT reply instead of the script's work.
 func faultyClient(t testing.TB, s *redistest.Server, rules ...faults.Rule) (*dlock.Client, *faults.Injector) {
 	t.Helper()
 	loadScripts(t, s.Client(t))
-	in := faults.New(faults.Config{Scripts: engineScripts(t), Rules: rules, MaxDelay: 5 * time.Second})
+	in := faults.New(faults.Config{Scripts: faults.EngineScripts(), Rules: rules, MaxDelay: 5 * time.Second})
 	rdb := s.Client(t)
 	rdb.AddHook(in)
 	c := dlock.New(rdb)

@@ -23,7 +23,7 @@ import (
 func reviewClient(t testing.TB, s *redistest.Server, maxDelay time.Duration, opts []dlock.Option, rules ...faults.Rule) (*dlock.Client, *faults.Injector) {
 	t.Helper()
 	loadScripts(t, s.Client(t))
-	in := faults.New(faults.Config{Scripts: engineScripts(t), Rules: rules, MaxDelay: maxDelay})
+	in := faults.New(faults.Config{Scripts: faults.EngineScripts(), Rules: rules, MaxDelay: maxDelay})
 	rdb := s.Client(t)
 	rdb.AddHook(in)
 	c := dlock.New(rdb, opts...)

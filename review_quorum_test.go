@@ -37,7 +37,7 @@ func seededMaster(t *testing.T, s *redistest.Server, seed uint64, rules ...fault
 	for _, sc := range wire.Scripts() {
 		s.Do(t, "script", "load", sc.Src)
 	}
-	in := faults.New(faults.Config{Seed: seed, Scripts: engineScripts(t), Rules: rules, MaxDelay: 5 * time.Second})
+	in := faults.New(faults.Config{Seed: seed, Scripts: faults.EngineScripts(), Rules: rules, MaxDelay: 5 * time.Second})
 	rdb := s.Client(t)
 	rdb.AddHook(in)
 	return rdb, in

@@ -111,13 +111,17 @@ func (v Via) String() string {
 
 // A Rule decides faults for the script calls it matches.
 type Rule struct {
-	// Script names the script: the file name without ".lua" ("pass",
-	// "extend"). A multi-operation script's calls are named SCRIPT.OP by
-	// their first argument when the Scripts table says so (Ops), and
-	// "sem" then matches every "sem.OP". "" matches every script call.
+	// Script names the script as the Scripts table does (the engine's by
+	// name: "pass", "extend"). A multi-operation script's calls are named
+	// SCRIPT.OP by their first argument when the Scripts table says so
+	// (Ops), and "sem" then matches every "sem.OP". "" matches every
+	// script call.
 	Script string
 	// Via restricts the rule to single commands or to batches.
 	Via Via
+	// Match, if set, restricts the rule further to the calls it accepts
+	// (by their keys and arguments: a script's calls that take one path).
+	Match func(Call) bool
 	// Kind is the fault.
 	Kind Kind
 	// P is the chance that a matching call gets the fault. Ignored when
@@ -135,7 +139,7 @@ type Rule struct {
 }
 
 func (r Rule) matches(c Call) bool {
-	if r.Via != AnyVia && r.Via != c.Via {
+	if r.Via != AnyVia && r.Via != c.Via || r.Match != nil && !r.Match(c) {
 		return false
 	}
 	if r.Script == "" || r.Script == c.Script {
@@ -148,7 +152,7 @@ func (r Rule) matches(c Call) bool {
 type Config struct {
 	// Seed seeds the random source of the rules' P draws and delays.
 	Seed uint64
-	// Scripts names the scripts the client runs (see LoadScripts).
+	// Scripts names the scripts the client runs (see EngineScripts).
 	Scripts *Scripts
 	// Rules are asked in order; the first that fires decides the fault.
 	Rules []Rule

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock-go/dlock/internal/faults"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -312,6 +313,19 @@ func TestExactCalls(t *testing.T) {
 	}
 }
 
+// A rule with Match applies to the calls it accepts only, and counts only
+// those: its second accepted call is the fourth call.
+func TestMatch(t *testing.T) {
+	_, rdb, plain, sha := setup(t, faults.Rule{Script: "set", Kind: faults.FailSend, Calls: []int{2},
+		Match: func(c faults.Call) bool { return strings.HasPrefix(c.Keys[0], "yes") }})
+	for i, key := range []string{"yes1", "no2", "no3", "yes4", "yes5"} {
+		r := <-call(rdb, sha, key)
+		if want := key != "yes4"; (r.err == nil) != want || isSet(t, plain, key) != want {
+			t.Fatalf("call %d (%s): %v, set=%v, want ok=%v", i+1, key, r.err, isSet(t, plain, key), want)
+		}
+	}
+}
+
 // The same seed makes the same choices for the same calls.
 func TestSeeded(t *testing.T) {
 	s := redistest.Start(t)
@@ -339,45 +353,40 @@ func TestSeeded(t *testing.T) {
 	}
 }
 
-// The engine's scripts are named by file, and sem.lua's calls by operation.
+// The engine's scripts are named by name, a script joined from two files
+// (quorum_acquire) too, and sem.lua's calls by operation.
 func TestEngineScripts(t *testing.T) {
-	sc, err := faults.LoadScripts("../wire/lua", "sem")
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := faults.EngineScripts()
 	s := redistest.Start(t)
 	plain := s.Client(t)
-	src, err := os.ReadFile("../wire/lua/sem.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
-	extend, err := os.ReadFile("../wire/lua/extend.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, extend := wire.Sem.Src, wire.Extend.Src
 	in := faults.New(faults.Config{Scripts: sc, Rules: []faults.Rule{
 		{Script: "sem.t", Kind: faults.FailSend, P: 1},
 		{Script: "extend", Kind: faults.FailSend, P: 1},
+		{Script: "quorum_acquire", Kind: faults.FailSend, P: 1},
 	}})
 	rdb := s.Client(t)
 	rdb.AddHook(in)
 	ctx := context.Background()
 	keys := []string{"s", "s:h", "s:q", "s:w"}
 	// EVAL with the source, and EVALSHA as a prepared command line.
-	if err := rdb.Eval(ctx, string(src), keys, "t", "tok").Err(); !errors.Is(err, faults.ErrNotSent) {
+	if err := rdb.Eval(ctx, src, keys, "t", "tok").Err(); !errors.Is(err, faults.ErrNotSent) {
 		t.Fatalf("sem.lua t by EVAL: %v", err)
 	}
-	sha, err := plain.ScriptLoad(ctx, string(src)).Result()
+	sha, err := plain.ScriptLoad(ctx, src).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if v, err := rdb.Do(ctx, "evalsha", &sha, "4", "s", "s:h", "s:q", "s:w", "r", "tok", "1000").Result(); err != nil || v != int64(0) {
 		t.Fatalf("sem.lua r: %v %v (only t is faulted)", v, err)
 	}
-	if err := rdb.Eval(ctx, string(extend), []string{"m"}, "tok", "100").Err(); !errors.Is(err, faults.ErrNotSent) {
+	if err := rdb.Eval(ctx, extend, []string{"m"}, "tok", "100").Err(); !errors.Is(err, faults.ErrNotSent) {
 		t.Fatalf("extend.lua: %v", err)
 	}
-	if got := in.Summary(); got != "extend fail-send single=1, sem.t fail-send single=1" {
+	if err := rdb.EvalSha(ctx, wire.QuorumAcquire.SHA, []string{"m", "epoch"}, "tok", "100", "0", "0").Err(); !errors.Is(err, faults.ErrNotSent) {
+		t.Fatalf("quorum_acquire: %v", err)
+	}
+	if got := in.Summary(); got != "extend fail-send single=1, quorum_acquire fail-send single=1, sem.t fail-send single=1" {
 		t.Fatalf("stats: %s", got)
 	}
 }

@@ -4,12 +4,11 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
-	"os"
-	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dlock-go/dlock/internal/wire"
 )
 
 // Scripts names Lua scripts by their SHA1, as EVALSHA sends them.
@@ -33,26 +32,15 @@ func (s *Scripts) Add(name, src string, ops bool) {
 	s.byHash[hex.EncodeToString(sum[:])] = scriptName{name: name, ops: ops}
 }
 
-// LoadScripts names every dir/*.lua by its file name without ".lua"; the
-// scripts named in ops are multi-operation scripts (see Add).
-func LoadScripts(dir string, ops ...string) (*Scripts, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "*.lua"))
-	if err != nil {
-		return nil, err
-	}
-	if len(files) == 0 {
-		return nil, fmt.Errorf("faults: no *.lua in %s", dir)
-	}
+// EngineScripts names dlock's scripts (internal/wire) as the engine sends
+// them, each by its name ("acquire", "quorum_acquire"), and sem.lua's calls
+// by operation (see Add).
+func EngineScripts() *Scripts {
 	s := NewScripts()
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return nil, err
-		}
-		name := strings.TrimSuffix(filepath.Base(f), ".lua")
-		s.Add(name, string(b), slices.Contains(ops, name))
+	for _, sc := range wire.Scripts() {
+		s.Add(sc.Name, sc.Src, sc == wire.Sem)
 	}
-	return s, nil
+	return s
 }
 
 // classify names a command, if it is a script call.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dlock-go/dlock/internal/childproc"
 )
 
 const childEnv = "WALLCLOCK_TEST_CHILD"
@@ -50,27 +52,7 @@ func TestOffsetMovesTheChildsWallClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := false
-	t.Cleanup(func() {
-		if !exited {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	out := bufio.NewScanner(stdout)
+	stdin, out := childproc.Start(t, cmd, cmd.Cmd, childEnv+"=1")
 	read := func() reading {
 		t.Helper()
 		if _, err := fmt.Fprintln(stdin, "now"); err != nil {
@@ -122,7 +104,6 @@ func TestOffsetMovesTheChildsWallClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	exited = true
 	deadline := time.Now().Add(10 * time.Second)
 	for alive(r.pid) {
 		if time.Now().After(deadline) {

@@ -292,13 +292,19 @@ type Script struct {
 	Name, Src, SHA string
 }
 
-func load(name string) *Script {
-	b, err := luaFiles.ReadFile("lua/" + name + ".lua")
-	if err != nil {
-		panic("wire: missing embedded script " + name) // a build error, not a runtime condition
+// load makes the script called name: lua/NAME.lua, followed by the files
+// named in then (one script run after another's check).
+func load(name string, then ...string) *Script {
+	var src []byte
+	for _, f := range append([]string{name}, then...) {
+		b, err := luaFiles.ReadFile("lua/" + f + ".lua")
+		if err != nil {
+			panic("wire: missing embedded script " + f) // a build error, not a runtime condition
+		}
+		src = append(src, b...)
 	}
-	sum := sha1.Sum(b)
-	return &Script{Name: name, Src: string(b), SHA: hex.EncodeToString(sum[:])}
+	sum := sha1.Sum(src)
+	return &Script{Name: name, Src: string(src), SHA: hex.EncodeToString(sum[:])}
 }
 
 // The scripts (see each file's header for its KEYS, ARGV and replies).
@@ -313,7 +319,7 @@ var (
 	Sem         = load("sem")
 	ForceUnlock = load("force_unlock")
 
-	QuorumAcquire = load("quorum_acquire")
+	QuorumAcquire = load("quorum_acquire", "acquire") // its restart check, then acquire.lua's take without a line
 	QuorumFence   = load("quorum_fence")
 )
 

@@ -4,12 +4,17 @@
 -- KEYS[1]  the lock hash: o = owner token, f = last fence, w = someone may be
 --          in line (see release.lua); its PEXPIRE is the lease
 -- KEYS[2]  the line, KEYS[3] the waiters, as for fair_acquire.lua; optional:
---          with KEYS[1] alone no place is taken
+--          without KEYS[3] no place is taken, and KEYS[2] is not read
+--          (quorum_acquire.lua, which runs this script after its own check,
+--          passes its epoch key there)
 -- ARGV[1]  owner token (128-bit random, base64url)
 -- ARGV[2]  lease TTL in milliseconds
 -- ARGV[3]  with the line: liveness in milliseconds (a place not refreshed for
---          this long is skipped)
--- ARGV[4]  with the line: the waiter's hand-over channel (PREFIX{NAME}:c:CLIENT)
+--          this long is skipped); without it, not read
+-- ARGV[4]  with the line: the waiter's hand-over channel (PREFIX{NAME}:c:CLIENT);
+--          without it, optional: a proposed fence (0: none), for the masters
+--          of a quorum grant (quorum_acquire.lua): the fence is at least
+--          this, as far as a tenth of the TTL ahead of the clock allows
 -- Returns {1, fence}            acquired
 --         {1, fence, 1}         the token already held it: re-acquired after a
 --                               lost reply, or handed over while in line
@@ -52,9 +57,16 @@ end
 -- was reclaimed after the idle period, was lost in a restart, or came back
 -- older than it was (a lost AOF tail) still goes past every fence it handed
 -- out (grants are microseconds apart). TestFault8AOFTailLost fails without
--- the clock term.
+-- the clock term. A proposed fence only makes it larger: the masters of a
+-- quorum grant then hand out one fence and none needs raising (quorum.go,
+-- propose); bounded, so that one master's fast clock, once proposed, does
+-- not carry every later fence ahead.
 local t = redis.call('TIME')
-local f = math.max((tonumber(h[2]) or 0) + 1, t[1] * 1000000 + t[2])
+local us = t[1] * 1000000 + t[2]
+local f = math.max((tonumber(h[2]) or 0) + 1, us)
+if not KEYS[3] and ARGV[4] then
+  f = math.max(f, math.min(tonumber(ARGV[4]), us + tonumber(ttl) * 100))
+end
 redis.call('HSET', key, 'o', token, 'f', string.format('%.0f', f))
 redis.call('PEXPIRE', key, ttl)
 return {1, f}

@@ -1,25 +1,25 @@
--- quorum_acquire.lua: one master's vote in quorum mode (see quorum.go). It
--- takes a mutex as acquire.lua does without a line, but only on a master
--- whose data this process has kept for the restart delay: data that came
--- through a restart or a failover may lack a lease granted before, which
--- must not be granted again while it may still be believed valid.
+-- quorum_acquire.lua: one master's vote in quorum mode (see quorum.go). The
+-- script is this check followed by acquire.lua (internal/wire joins them),
+-- which takes the mutex without a line: only on a master whose data this
+-- process has kept for the restart delay, since data that came through a
+-- restart or a failover may lack a lease granted before, which must not be
+-- granted again while it may still be believed valid.
 -- KEYS[1]  the lock hash (o = owner token, f = last fence), as acquire.lua
 -- KEYS[2]  the master's epoch key: "START RUN_ID", since when (server ms)
---          the process RUN_ID has held these data
+--          the process RUN_ID has held these data (acquire.lua, given no
+--          KEYS[3], takes no place in line and does not read it)
 -- ARGV[1]  owner token
 -- ARGV[2]  lease TTL in milliseconds
 -- ARGV[3]  restart delay in milliseconds (0: no check)
--- ARGV[4]  a proposed fence (0: none): the fence is at least this, as far
---          as a tenth of the TTL ahead of this master's clock allows
+-- ARGV[4]  a proposed fence (0: none), as acquire.lua without a line
 -- Returns {1, fence}            acquired
 --         {1, fence, 1}         the token already held it (a retry)
 --         {0, remaining_ms, f}  held by another owner (fence f)
 --         {2, wait_ms}          not voting for wait_ms more
 -- Errors  DLOCK_FOREIGN <what>  the key exists but is not a dlock mutex
-local key, token, ttl = KEYS[1], ARGV[1], ARGV[2]
-local t = redis.call('TIME')
 local delay = tonumber(ARGV[3])
 if delay > 0 then
+  local t = redis.call('TIME')
   local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local info = redis.call('INFO', 'server')
   local run = string.match(info, 'run_id:(%x+)')
@@ -45,21 +45,3 @@ if delay > 0 then
   local since = now - tonumber(start)
   if since < delay then return {2, delay - since} end
 end
-local h = redis.call('HMGET', key, 'o', 'f', 'k')
-if h[3] then return redis.error_reply('DLOCK_FOREIGN dlock ' .. h[3]) end
-if not h[2] and redis.call('EXISTS', key) == 1 then
-  return redis.error_reply('DLOCK_FOREIGN hash')
-end
-if h[1] then
-  if h[1] ~= token then return {0, redis.call('PTTL', key), tonumber(h[2])} end
-  redis.call('PEXPIRE', key, ttl)
-  return {1, tonumber(h[2]), 1}
-end
--- As acquire.lua: one more than the last, never below the clock in µs;
--- and the proposed fence, so that the masters of a quorum grant hand out
--- one fence and none needs raising (quorum.go, propose).
-local now = t[1] * 1000000 + t[2]
-local f = math.max((tonumber(h[2]) or 0) + 1, now, math.min(tonumber(ARGV[4]) or 0, now + tonumber(ttl) * 100))
-redis.call('HSET', key, 'o', token, 'f', string.format('%.0f', f))
-redis.call('PEXPIRE', key, ttl)
-return {1, f}
