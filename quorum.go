@@ -29,8 +29,9 @@ type quorum struct {
 // A fenceClock proposes the fence of a quorum acquire. The masters hand
 // out fences above their counters and at least their clocks in µs; each
 // takes the proposal where it is above those and not far ahead of its
-// clock (acquire.lua, the take of quorum_acquire.lua), so that the masters of a grant mostly hand
-// out one fence, and none needs raising (see raise): a round trip saved.
+// clock (acquire.lua, as quorum_acquire.lua runs it), so that the masters
+// of a grant mostly hand out one fence, and none needs raising (see
+// raise): a round trip saved.
 // A proposal only ever makes a fence larger, which the fence argument
 // allows (docs/PROTOCOL.md, Fences under quorum).
 //
