@@ -45,6 +45,9 @@ func TestReview2QuorumAskLeavesNoWorkPastClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// TryLock returned once two granted: the third's grant may still be
+	// on its way, and a TTL asked before it would find one master fewer.
+	waitFor(t, ctx, "the grant on all 3 masters", func() bool { return len(heldOn(t, servers, "asked", l.Token())) == 3 })
 	servers[0].Pause()
 	defer servers[0].Resume()
 	if _, err := l.TTL(ctx); err != nil {
