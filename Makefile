@@ -43,7 +43,7 @@ chaos: redis-server
 	DLOCK_CHAOS=$${DLOCK_CHAOS:-10s} DLOCK_CHAOS_ROUNDS=$${DLOCK_QUORUM_ROUNDS:-30} \
 		$(GO) test -race -count=1 -timeout 60m -run '^TestInterleavingsQuorum$$' .
 	DLOCK_FAILOVER_ROUNDS=$${DLOCK_FAILOVER_ROUNDS:-20} \
-		$(GO) test -race -count=1 -timeout 30m -run '^TestFault5(Cluster)?WithReplicaAck$$' .
+		$(GO) test -race -count=1 -timeout 30m -run '^(TestFault5(Cluster)?WithReplicaAck|TestFault14ClusterFailoverWithReplicaAck)$$' .
 
 demo: redis-server
 	$(GO) run ./cmd/dlock market

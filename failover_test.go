@@ -241,13 +241,7 @@ func fault5WithReplicaAck(t *testing.T, start func() fault5Topology) {
 	// lease granted before the cut is still held when the replica is
 	// promoted with it.
 	const ttl = 5 * time.Second
-	rounds := envRounds(t, "DLOCK_FAILOVER_ROUNDS", 3)
-	seed, replay := envSeed(t)
-	if !replay {
-		seed = rand.Uint64N(1 << 40)
-	}
-	t.Logf("seed %d (replay: DLOCK_SEED=%d DLOCK_FAILOVER_ROUNDS=%d go test -race -count=1 -run '^%s$' .)", seed, seed, rounds, t.Name())
-	rng := rand.New(rand.NewPCG(seed, 5))
+	rounds, seed, rng := failoverRounds(t, 3, 5)
 	topo := start()
 	ctx := ctxT(t, time.Duration(rounds)*60*time.Second)
 	refused, granted := 0, 0
@@ -326,6 +320,21 @@ func fault5WithReplicaAck(t *testing.T, start func() fault5Topology) {
 		}
 	}
 	t.Logf("%d rounds: %d refused, %d granted and ended before the second grant", rounds, refused, granted)
+}
+
+// failoverRounds reads how many failover rounds a seeded failover test
+// runs (DLOCK_FAILOVER_ROUNDS, def if unset) and its seed (DLOCK_SEED, or
+// a fresh one), logs how to replay the run, and returns the rounds, the
+// seed and a source drawn from it (stream tells tests apart).
+func failoverRounds(t *testing.T, def int, stream uint64) (rounds int, seed uint64, rng *rand.Rand) {
+	t.Helper()
+	rounds = envRounds(t, "DLOCK_FAILOVER_ROUNDS", def)
+	seed, replay := envSeed(t)
+	if !replay {
+		seed = rand.Uint64N(1 << 40)
+	}
+	t.Logf("seed %d (replay: DLOCK_SEED=%d DLOCK_FAILOVER_ROUNDS=%d go test -race -count=1 -run '^%s$' .)", seed, seed, rounds, t.Name())
+	return rounds, seed, rand.New(rand.NewPCG(seed, stream))
 }
 
 // TestFault6IsolatedPrimary is fault 6 on topology R: the primary is cut

@@ -175,6 +175,24 @@ func (c *LinkedCluster) running() []*Server {
 // from the kill.
 func (c *LinkedCluster) CrashMaster(t testing.TB, m *Server) (promoted *Server, took time.Duration) {
 	t.Helper()
+	return c.failMaster(t, m, "killed", m.Kill)
+}
+
+// PauseMaster stops master m with SIGSTOP and waits, as CrashMaster does,
+// until the cluster has promoted one of its replicas. m keeps its
+// connections and its data: what clients and the other nodes send it
+// waits, unread, until the test resumes it (m.Resume), when it may run
+// its clients' commands before it learns that it was replaced.
+// WaitReplica waits until it is its replacement's replica.
+func (c *LinkedCluster) PauseMaster(t testing.TB, m *Server) (promoted *Server, took time.Duration) {
+	t.Helper()
+	return c.failMaster(t, m, "stopped", m.Pause)
+}
+
+// failMaster is CrashMaster and PauseMaster: stop takes master m down, as
+// what says.
+func (c *LinkedCluster) failMaster(t testing.TB, m *Server, what string, stop func()) (promoted *Server, took time.Duration) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), topologyTimeout)
 	defer cancel()
 	id := NodeID(t, m)
@@ -189,12 +207,14 @@ func (c *LinkedCluster) CrashMaster(t testing.TB, m *Server) (promoted *Server, 
 		}
 	}
 	if slot < 0 || len(replicas) == 0 {
-		t.Fatalf("redistest: CrashMaster: %s is not a master with slots and a replica", m.Addr())
+		t.Fatalf("redistest: %s is not a master with slots and a replica", m.Addr())
 	}
+	// A stopped node would not answer CLUSTER NODES: ask the others.
+	others := slices.DeleteFunc(c.running(), func(s *Server) bool { return s == m })
 	start := time.Now()
-	m.Kill()
+	stop()
 	var newID string
-	waitTopology(t, ctx, c.running(), fmt.Sprintf("every node to give slot %d to a replica of the killed %s", slot, m.Addr()), func(view []ClusterNode) bool {
+	waitTopology(t, ctx, others, fmt.Sprintf("every node to give slot %d to a replica of the %s %s", slot, what, m.Addr()), func(view []ClusterNode) bool {
 		for _, n := range view {
 			if !n.Replica() && n.Serves(slot) {
 				if !replicas[n.ID] || (newID != "" && n.ID != newID) {
@@ -217,19 +237,26 @@ func (c *LinkedCluster) CrashMaster(t testing.TB, m *Server) (promoted *Server, 
 // (so it knows the cluster) and without its data: it finds its slots
 // taken by its promoted replica and becomes that node's replica, through
 // the node's link. Its own link, held or not, is released and announced
-// again. Rejoin returns once s is in sync, its master lists it as online
-// (so that WAIT counts it) and every node sees it as a replica that is
-// not failing.
+// again. Rejoin returns once s is a replica again (see WaitReplica).
 func (c *LinkedCluster) Rejoin(t testing.TB, s *Server) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), topologyTimeout)
-	defer cancel()
 	s.Restart(t)
 	c.announce(t, s)
 	c.links[s].Release(faultproxy.Both)
+	c.WaitReplica(t, s)
+}
+
+// WaitReplica waits, at most 30s, until s replicates a master (s may be a
+// master the cluster replaced, see Rejoin and PauseMaster): s is in sync,
+// its master lists it as online (so that WAIT counts it) and every node
+// sees it as a replica that is not failing.
+func (c *LinkedCluster) WaitReplica(t testing.TB, s *Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), topologyTimeout)
+	defer cancel()
 	id := NodeID(t, s)
 	var master *Server
-	waitFor(t, ctx, "the restarted "+s.Addr()+" to replicate, in sync", func() bool {
+	waitFor(t, ctx, s.Addr()+" to replicate, in sync", func() bool {
 		info := s.info(ctx)
 		if redisproc.InfoField(info, "role") != "slave" || redisproc.InfoField(info, "master_link_status") != "up" {
 			return false
