@@ -873,6 +873,9 @@ func TestFault17QuorumResetOnReleaseOrExtend(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// TryLock returned once three granted; an extension that reached
+		// a master before its grant would find another owner there.
+		waitFor(t, ctx, "the grant on every master", func() bool { return len(heldOn(t, servers, name, l.Token())) == 5 })
 		for _, p := range proxies[:3] {
 			p.Hold(faultproxy.Downstream)
 		}
