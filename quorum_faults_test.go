@@ -1063,3 +1063,136 @@ func TestQuorumUnlockDecidedByMajority(t *testing.T) {
 		}
 	})
 }
+
+// Fault 14 on Q: three of the five masters (a majority) stopped (SIGSTOP)
+// past the TTL while a lease is held and four Clients wait. The holder is
+// told it lost the lock (its renewals find no majority); once the masters
+// run again, exactly one waiter wins, with a higher fence.
+func TestFault14QuorumMajorityPausedPastTTL(t *testing.T) {
+	servers, rdbs := quorumMasters(t, 5)
+	ctx := ctxT(t, 60*time.Second)
+	const name, ttl = "q14", 500 * time.Millisecond
+	fast := dlock.WithNodeTimeout(100 * time.Millisecond)
+	holder, err := newQuorum(t, rdbs, fast).Mutex(name, dlock.TTL(ttl)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "the grant on every master", func() bool { return len(heldOn(t, servers, name, holder.Token())) == 5 })
+	var got atomic.Int32
+	grants := make(chan *dlock.Lease, 4)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 4 {
+		wc := newQuorum(t, rdbs, fast)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if l, err := wc.Mutex(name, dlock.TTL(10*time.Second)).Lock(wctx); err == nil {
+				got.Add(1)
+				grants <- l
+			}
+		}()
+	}
+	for _, s := range servers[:3] {
+		s.Pause()
+		defer s.Resume()
+	}
+	select {
+	case <-holder.Context().Done():
+		if !errors.Is(context.Cause(holder.Context()), dlock.ErrLockLost) {
+			t.Fatalf("holder's lease ended with %v, want ErrLockLost", context.Cause(holder.Context()))
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("holder not told it lost the lock while a majority of the masters was stopped")
+	}
+	// Not ordering: the lease's keys expire on the stopped masters too.
+	time.Sleep(ttl)
+	if n := got.Load(); n != 0 {
+		t.Fatalf("%d waiters got the lock from the two masters that ran", n)
+	}
+	for _, s := range servers[:3] {
+		s.Resume()
+	}
+	var first *dlock.Lease
+	select {
+	case first = <-grants:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no waiter got the lock after the masters resumed")
+	}
+	if first.Fence() <= holder.Fence() {
+		t.Fatalf("the waiter's fence %d is not above the holder's %d", first.Fence(), holder.Fence())
+	}
+	// Not ordering: time for a wrong second grant to happen; the check is
+	// that none does.
+	time.Sleep(300 * time.Millisecond)
+	if n := got.Load(); n != 1 {
+		t.Fatalf("%d waiters hold the lock", n)
+	}
+	if err := holder.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+		t.Fatalf("old holder's Unlock: %v, want ErrLockLost", err)
+	}
+	_ = first.Unlock(ctx)
+	cancel()
+	wg.Wait()
+	close(grants)
+	for l := range grants {
+		_ = l.Unlock(ctx)
+	}
+}
+
+// Fault 15 on Q: SCRIPT FLUSH on every master while a lease is held, and
+// again between calls: each call loads its scripts again (EVAL on
+// NOSCRIPT), and none reports an error as success.
+func TestFault15QuorumScriptFlush(t *testing.T) {
+	servers, rdbs := quorumMasters(t, 5)
+	ctx := ctxT(t, 30*time.Second)
+	c := patientQuorum(t, rdbs)
+	flush := func() {
+		t.Helper()
+		for _, s := range servers {
+			s.Do(t, "script", "flush")
+		}
+	}
+	l, err := c.Mutex("q15", dlock.TTL(300*time.Millisecond)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flush()
+	// Not ordering: past the TTL, which only the watchdog's renewals
+	// (one pipeline per master) can have kept.
+	time.Sleep(600 * time.Millisecond)
+	if !stillValid(l) {
+		t.Fatalf("the lease ended after SCRIPT FLUSH: %v", context.Cause(l.Context()))
+	}
+	flush()
+	if err := l.Extend(ctx, 10*time.Second); err != nil {
+		t.Fatalf("Extend after SCRIPT FLUSH: %v", err)
+	}
+	flush()
+	if d, err := l.TTL(ctx); err != nil || d < 5*time.Second {
+		t.Fatalf("TTL after SCRIPT FLUSH: %v, %v", d, err)
+	}
+	flush()
+	if _, err := c.Mutex("q15").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("another TryLock while held, after SCRIPT FLUSH: %v, want ErrNotObtained", err)
+	}
+	flush()
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock after SCRIPT FLUSH: %v", err)
+	}
+	releasedOnAll(t, servers, "q15", "after Unlock")
+	flush()
+	next, err := c.Mutex("q15").TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock after SCRIPT FLUSH: %v", err)
+	}
+	if next.Fence() <= l.Fence() {
+		t.Fatalf("fence %d after %d", next.Fence(), l.Fence())
+	}
+	flush()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	freeOnAll(t, servers, "q15", "after Close, the scripts flushed")
+}
