@@ -6,13 +6,20 @@ package dlock_test
 // code it was written against (3b8a638); the interleaving is in its comment.
 
 import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/faults"
+	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -155,5 +162,128 @@ func TestReview3QuorumFarCounterDoesNotStick(t *testing.T) {
 	// The first name's grant meets the cap; the others' take the proposal.
 	if raised > 2+grants/8 {
 		t.Errorf("%d of %d grants of another name needed a raise after one name's counter was far ahead", raised, grants)
+	}
+}
+
+// TestReview3QuorumCloseRacesEverything explores the release paths that
+// wait for a slow master's acquire vote (awaitVote) and the Unlock that
+// returns once a majority answered: each round, a Client of five masters
+// whose acquire writes and replies come late (past the per-master timeout
+// or within it, seeded) runs four workers, two on each of two names, that
+// Lock, TryLock, re-enter, Extend and Unlock with ctxs that end soon or
+// had ended, and is closed while they run. Every call must return within a bound (no release waits for
+// a vote that never comes), and once every worker has returned, no master
+// may hold the lock: nothing was unreachable, only slow. Every other round
+// the masters' go-redis clients bound their I/O by the ctx
+// (ContextTimeoutEnabled). DLOCK_SEED replays a seed.
+func TestReview3QuorumCloseRacesEverything(t *testing.T) {
+	seed, replay := envSeed(t)
+	if !replay {
+		seed = rand.Uint64N(1 << 40)
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("replay: DLOCK_SEED=%d go test -race -count=1 -run '^TestReview3QuorumCloseRacesEverything$' .", seed)
+		}
+	}()
+	ctx := ctxT(t, 90*time.Second)
+	servers, _ := quorumMasters(t, 5)
+	for _, s := range servers {
+		for _, sc := range wire.Scripts() {
+			s.Do(t, "script", "load", sc.Src)
+		}
+	}
+	ms := time.Millisecond
+	const bound = 8 * time.Second // far above any call's own bound here
+	// timed runs f and reports whether it returned within bound (if not,
+	// the test fails, with every goroutine's stack).
+	timed := func(what string, f func()) bool {
+		done := make(chan struct{})
+		go func() { defer close(done); f() }()
+		select {
+		case <-done:
+			return true
+		case <-time.After(bound):
+			buf := make([]byte, 1<<20)
+			t.Errorf("%s did not return within %v:\n%s", what, bound, buf[:runtime.Stack(buf, true)])
+			return false
+		}
+	}
+	var grants atomic.Int64
+	defer func() { t.Logf("seed %d: %d grants", seed, grants.Load()) }()
+	for round := range 8 {
+		view := make([]redis.UniversalClient, len(servers))
+		for i, s := range servers {
+			rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = round%2 == 1 })
+			rdb.AddHook(faults.New(faults.Config{Seed: seed*100 + uint64(round*10+i), Scripts: faults.EngineScripts(), MaxDelay: 5 * time.Second, Rules: []faults.Rule{
+				{Script: "quorum_acquire", Kind: faults.DelayWrite, P: 0.3, Max: 120 * ms},
+				{Script: "quorum_acquire", Kind: faults.DelayReply, P: 0.3, Max: 120 * ms},
+				{Kind: faults.DelayReply, P: 0.1, Max: 60 * ms},
+			}}))
+			view[i] = rdb
+		}
+		c, err := dlock.NewQuorum(view, dlock.WithNodeTimeout(50*ms))
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := "raced" + strconv.Itoa(round)
+		r := rand.New(rand.NewPCG(seed, uint64(round)))
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wr := rand.New(rand.NewPCG(seed, uint64(round*100+w)))
+			wg.Go(func() {
+				m := c.Mutex(name+"-"+strconv.Itoa(w%2), dlock.TTL(20*time.Second))
+				for ctx.Err() == nil {
+					var l *dlock.Lease
+					var err error
+					lctx, cancel := context.WithTimeout(ctx, time.Duration(wr.IntN(300))*ms)
+					ok := timed("Lock", func() {
+						if wr.IntN(3) == 0 {
+							l, err = m.TryLock(lctx)
+						} else {
+							l, err = m.Lock(lctx)
+						}
+					})
+					cancel()
+					if !ok || errors.Is(err, dlock.ErrClosed) {
+						return
+					}
+					if err != nil {
+						continue
+					}
+					grants.Add(1)
+					if wr.IntN(3) == 0 {
+						timed("reentrant Lock", func() {
+							if in, err := m.Lock(l.Context()); err == nil {
+								_ = in.Unlock(ctx)
+							}
+						})
+					}
+					if wr.IntN(4) == 0 {
+						timed("Extend", func() { _ = l.Extend(ctx, 20*time.Second) })
+					}
+					time.Sleep(time.Duration(wr.IntN(20)) * ms)
+					uctx, cancel := context.WithTimeout(ctx, []time.Duration{0, 5 * ms, 40 * ms, time.Second}[wr.IntN(4)])
+					ok = timed("Unlock", func() { _ = l.Unlock(uctx) })
+					cancel()
+					if !ok {
+						return
+					}
+				}
+			})
+		}
+		time.Sleep(time.Duration(300+r.IntN(1200)) * ms)
+		if !timed("Close", func() { _ = c.Close() }) || !timed("the workers", wg.Wait) {
+			return
+		}
+		for end := time.Now().Add(2 * time.Second); ; time.Sleep(20 * ms) {
+			held := append(ownersOf(t, servers, name+"-0"), ownersOf(t, servers, name+"-1")...)
+			if strings.Join(held, "") == "" {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("round %d: after Close and every worker returned, masters still hold the lock: %v", round, held)
+			}
+		}
 	}
 }
