@@ -59,15 +59,32 @@ func (fc *fenceClock) propose() uint64 {
 }
 
 // saw notes fence f, handed out by a master that was proposed p in a
-// request sent at sent.
-func (fc *fenceClock) saw(f, p uint64, sent time.Time) {
-	if f <= p {
+// request sent at sent (the real send, not sendTime's: a lead counted
+// from quorumSlack earlier would put each fence learnt that much ahead,
+// and two Clients learning each other's proposals in turn would creep
+// ahead of the clocks by it at each grant) for a lease of ttl.
+//
+// A fence below p is a proposal the master capped at a tenth of ttl ahead
+// of its clock (quorum_acquire.lua): what was learnt is too far ahead (a
+// counter far ahead on some name), and proposing it would have every
+// master cap it at its own clock, so that no grant of any name ever got
+// one fence. The clock behind the cap is learnt instead.
+func (fc *fenceClock) saw(f, p uint64, sent time.Time, ttl time.Duration) {
+	if f == p {
 		return
+	}
+	capped := f < p
+	if capped {
+		ahead := uint64(ttl / 10 / time.Microsecond)
+		if f <= ahead {
+			return
+		}
+		f -= ahead
 	}
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
 	now := time.Now()
-	if fc.base == 0 || f > fc.base+uint64(now.Sub(fc.at)/time.Microsecond) {
+	if fc.base == 0 || capped || f > fc.base+uint64(now.Sub(fc.at)/time.Microsecond) {
 		fc.base, fc.at, fc.lead = f, now, now.Sub(sent)
 	}
 }
@@ -360,7 +377,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		case a[0] == int64(1):
 			f, _ := a[1].(int64)
 			granted[v.i] = uint64(f)
-			q.clock.saw(uint64(f), proposed, r.sent)
+			q.clock.saw(uint64(f), proposed, r.sent.Add(quorumSlack), lk.ttl)
 		case a[0] == int64(2):
 			refused++
 		default:
