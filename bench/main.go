@@ -22,7 +22,8 @@
 //     (percentiles, ratios to one master and to the raw floors on the same
 //     masters, CPU per cycle of this process and of the masters); TryLock
 //     with three of five down (time against the per-master timeout, owners
-//     left on the live masters).
+//     left on the live masters). -quorum-latency 500us puts every live
+//     master behind a proxy adding that much each way (masters on a network).
 //
 // Every implementation runs in every round, in an order rotated per round
 // (interleaved), and the tables show medians over rounds. Unless -redis is
@@ -72,6 +73,8 @@ type options struct {
 	quorumCycles int
 	nodeTimeout  time.Duration
 	tryAttempts  int
+	// quorumLatency is added each way in front of every live master.
+	quorumLatency time.Duration
 }
 
 func main() {
@@ -117,6 +120,7 @@ func parseFlags() (*options, error) {
 	flag.IntVar(&o.quorumCycles, "quorum-cycles", 2000, "quorum: serial lock+unlock cycles per run (bounded by -duration)")
 	flag.DurationVar(&o.nodeTimeout, "node-timeout", 50*time.Millisecond, "quorum: per-master request timeout")
 	flag.IntVar(&o.tryAttempts, "try-attempts", 20, "quorum: TryLocks per run with 3 of 5 masters down")
+	flag.DurationVar(&o.quorumLatency, "quorum-latency", 0, "quorum: one-way latency a proxy adds in front of every live master, in every row (e.g. 500us for a 1ms round trip); 0: none")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", flag.Args())
@@ -137,6 +141,9 @@ func parseFlags() (*options, error) {
 	}
 	if o.quorumCycles < 1 || o.quorumCycles > 1_000_000 || o.tryAttempts < 1 || o.tryAttempts > 1000 || o.nodeTimeout < time.Millisecond || o.nodeTimeout > 10*time.Second {
 		return nil, fmt.Errorf("-quorum-cycles must be in 1..1000000, -try-attempts in 1..1000, -node-timeout in 1ms..10s")
+	}
+	if o.quorumLatency < 0 || o.quorumLatency > time.Second {
+		return nil, fmt.Errorf("-quorum-latency must be in 0..1s, not %v", o.quorumLatency)
 	}
 	if o.duration > 10*time.Minute || o.hotDuration > 10*time.Minute || o.rounds > 100 || o.hotRounds > 100 {
 		return nil, fmt.Errorf("runs are bounded: -duration at most 10m, -rounds at most 100")

@@ -22,7 +22,11 @@ import (
 // TryLocks on five of which three are down. "killed": a redis-server that
 // was started and killed, so its port refuses connections; "blackholed":
 // a fault proxy in front of a live server that drops every byte both ways
-// (connections open, requests time out).
+// (connections open, requests time out). With -quorum-latency, every live
+// master of every configuration is reached through a fault proxy that
+// delays each direction by that much, for every implementation alike: the
+// masters as if on machines of their own, where the round trip rather than
+// the CPU the masters and the client share here is what a cycle waits for.
 
 // quorumImpl is what an implementation needs to run on several masters.
 type quorumImpl struct {
@@ -72,9 +76,19 @@ type quorumServers struct {
 	live    []*redisproc.Server
 	killed  []*redisproc.Server
 	proxies []*faultproxy.Proxy // proxies[j] fronts live[len(live)-len(proxies)+j]
+	// delayed[i] fronts live[i], adding the latency each way (none: no
+	// latency, the clients dial the masters).
+	delayed []*faultproxy.Proxy
 }
 
-func startQuorumServers(bin string) (*quorumServers, error) {
+// startQuorumServers starts the masters and the proxies; latency > 0 puts
+// every live master behind a proxy that delays each direction by it. The
+// killed masters are dialled directly whatever the latency: a refused dial
+// across a network costs one round trip, but go-redis stops dialling an
+// address once a pool's worth of dials failed (it returns the last error
+// at once), so a refusal that is immediate changes little, and a proxy
+// would turn the refused dial into an accepted connection that resets.
+func startQuorumServers(bin string, latency time.Duration) (*quorumServers, error) {
 	s := &quorumServers{}
 	for range 5 {
 		srv, err := startServer(bin)
@@ -102,14 +116,34 @@ func startQuorumServers(bin string) (*quorumServers, error) {
 		p.Drop(faultproxy.Both)
 		s.proxies = append(s.proxies, p)
 	}
+	if latency > 0 {
+		for _, srv := range s.live {
+			p, err := faultproxy.Start(srv.Addr())
+			if err != nil {
+				s.Close()
+				return nil, err
+			}
+			p.SetLatency(faultproxy.Both, latency)
+			s.delayed = append(s.delayed, p)
+		}
+		// Nothing gets through a blackhole, but should a byte ever be
+		// let through, it comes as late as a live master's.
+		for _, p := range s.proxies {
+			p.SetLatency(faultproxy.Both, latency)
+		}
+	}
 	return s, nil
 }
 
 // addrs lists c's masters: its live ones, then its down ones.
 func (s *quorumServers) addrs(c quorumConfig) []string {
 	var out []string
-	for _, srv := range s.live[:c.live] {
-		out = append(out, srv.Addr())
+	for i, srv := range s.live[:c.live] {
+		if s.delayed != nil {
+			out = append(out, s.delayed[i].Addr())
+		} else {
+			out = append(out, srv.Addr())
+		}
 	}
 	for j := range c.down {
 		if c.killed {
@@ -156,7 +190,7 @@ func (s *quorumServers) quiesce(node time.Duration) int {
 }
 
 func (s *quorumServers) Close() {
-	for _, p := range s.proxies {
+	for _, p := range append(s.proxies, s.delayed...) {
 		_ = p.Close()
 	}
 	for _, srv := range append(s.live, s.killed...) {
@@ -196,12 +230,15 @@ type quorumRunner struct {
 }
 
 func quorumScenario(o *options, e *env, rep *report) error {
-	srv, err := startQuorumServers(o.redisServer)
+	srv, err := startQuorumServers(o.redisServer, o.quorumLatency)
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
 	logf("quorum: 5 masters, 3 killed, 3 blackholing proxies started")
+	if o.quorumLatency > 0 {
+		logf("quorum: every live master behind a proxy adding %v each way", o.quorumLatency)
+	}
 	ctx := context.Background()
 	var serial, try []*quorumRunner
 	var clients []*redis.Client
@@ -262,6 +299,9 @@ func quorumScenario(o *options, e *env, rep *report) error {
 		}
 	}
 	rep.Config.QuorumCycles, rep.Config.NodeTimeout, rep.Config.TryAttempts = o.quorumCycles, o.nodeTimeout.String(), o.tryAttempts
+	if o.quorumLatency > 0 {
+		rep.Config.QuorumLatency = o.quorumLatency.String()
+	}
 	for round := range o.rounds {
 		for i := range serial {
 			r := serial[(i+round)%len(serial)]

@@ -29,6 +29,9 @@ type reportConfig struct {
 	QuorumCycles int    `json:"quorum_cycles,omitempty"`
 	NodeTimeout  string `json:"node_timeout,omitempty"`
 	TryAttempts  int    `json:"try_attempts,omitempty"`
+	// QuorumLatency is what a proxy adds each way in front of every live
+	// master (empty: none).
+	QuorumLatency string `json:"quorum_latency,omitempty"`
 }
 
 type sleepStats struct {
@@ -118,6 +121,14 @@ type quorumSummary struct {
 // configuration (in the order they first appear); ratios: medians of the
 // per-round ratios of p50 to the same implementation's on one master, and
 // to the raw floors' (raw, raw-majority) on the same masters.
+// latencyNote is what the quorum tables' titles say of -quorum-latency.
+func (r *report) latencyNote() string {
+	if r.Config.QuorumLatency == "" {
+		return ""
+	}
+	return ", every live master " + r.Config.QuorumLatency + " away each way"
+}
+
 func summarizeQuorum(runs []quorumRun) []quorumSummary {
 	type id struct{ impl, config string }
 	type roundID struct {
@@ -295,7 +306,7 @@ func (r *report) writeMarkdown(w io.Writer) {
 			r.Config.Hold, r.SleepOvershoot.P50Micros, r.SleepOvershoot.P99Micros, r.Config.Tail)
 	}
 	if len(r.QuorumMedians) > 0 {
-		fmt.Fprintf(w, "### Quorum: one goroutine, lock+unlock of one key, %d cycles per run, per-master timeout %s\n\n", r.Config.QuorumCycles, r.Config.NodeTimeout)
+		fmt.Fprintf(w, "### Quorum: one goroutine, lock+unlock of one key, %d cycles per run, per-master timeout %s%s\n\n", r.Config.QuorumCycles, r.Config.NodeTimeout, r.latencyNote())
 		fmt.Fprintln(w, "| implementation | masters | p50 µs | p90 µs | p99 µs | max µs | p50 × 1 master | p50 × raw | p50 × raw-majority | client CPU µs/cycle | Redis CPU µs/cycle | errors |")
 		fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, s := range r.QuorumMedians {
@@ -306,10 +317,15 @@ func (r *report) writeMarkdown(w io.Writer) {
 			"p50 × raw, × raw-majority: the same against the raw floors on the same masters (SET NX PX and a compare-and-delete, in parallel on every master, waiting for every answer or for a majority). "+
 			"killed: a redis-server that was killed (connection refused); blackholed: a proxy that drops every byte both ways (requests time out). "+
 			"CPU: this process (getrusage, all threads) and the live masters' main threads (/proc/PID/schedstat), per cycle.")
+		if r.Config.QuorumLatency != "" {
+			fmt.Fprintf(w, "\nLatency: every live master, in every row and for every implementation, is reached through an in-process proxy that delivers each chunk %s after it read it, each way "+
+				"(a round trip of twice that on top of loopback's); killed masters are dialled directly (refused at once). "+
+				"This process's CPU includes the proxies'.\n", r.Config.QuorumLatency)
+		}
 		fmt.Fprintln(w)
 	}
 	if len(r.TryMedians) > 0 {
-		fmt.Fprintf(w, "### Quorum: TryLock with no live majority, %d attempts per run, per-master timeout %s\n\n", r.Config.TryAttempts, r.Config.NodeTimeout)
+		fmt.Fprintf(w, "### Quorum: TryLock with no live majority, %d attempts per run, per-master timeout %s%s\n\n", r.Config.TryAttempts, r.Config.NodeTimeout, r.latencyNote())
 		fmt.Fprintln(w, "| implementation | masters | p50 ms | max ms | worst max ms | worst / per-master timeout | obtained | owners left on live masters |")
 		fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|")
 		for _, s := range r.TryMedians {
@@ -360,16 +376,22 @@ func (r *report) benchstat() []byte {
 		fmt.Fprintf(&b, "BenchmarkHotKey/impl=%s/waiters=%d%s\t%d\t%.0f ns/op\t%.1f handoffs/s\t%.4f efficiency\t%.3f wait-p50-ms\t%.3f wait-p99-ms\t%.3f wait-max-ms\t%.3f max-over-bound\n",
 			h.Impl, h.Waiters, procs, h.Handoffs, nsop, h.HandoffsPerSec, h.Efficiency, h.WaitP50MS, h.WaitP99MS, h.WaitMaxMS, h.MaxOverBound)
 	}
+	// Runs with latency are named apart: benchstat must not compare them
+	// with runs without.
+	lat := ""
+	if r.Config.QuorumLatency != "" {
+		lat = "/latency=" + r.Config.QuorumLatency
+	}
 	for _, q := range r.Quorum {
 		if q.Cycles == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "BenchmarkQuorum/impl=%s/masters=%s%s\t%d\t%.0f ns/op\t%.1f p50-µs\t%.1f p99-µs\t%.1f client-cpu-µs/op\t%.1f redis-cpu-µs/op\n",
-			q.Impl, quorumSlug(q.Config), procs, q.Cycles, q.MeanMicros*1e3, q.P50Micros, q.P99Micros, q.ClientCPU, q.ServersCPU)
+		fmt.Fprintf(&b, "BenchmarkQuorum/impl=%s/masters=%s%s%s\t%d\t%.0f ns/op\t%.1f p50-µs\t%.1f p99-µs\t%.1f client-cpu-µs/op\t%.1f redis-cpu-µs/op\n",
+			q.Impl, quorumSlug(q.Config), lat, procs, q.Cycles, q.MeanMicros*1e3, q.P50Micros, q.P99Micros, q.ClientCPU, q.ServersCPU)
 	}
 	for _, q := range r.QuorumTry {
-		fmt.Fprintf(&b, "BenchmarkQuorumTryLock/impl=%s/masters=%s%s\t%d\t%.0f ns/op\t%.2f p50-ms\t%.2f max-ms\n",
-			q.Impl, quorumSlug(q.Config), procs, q.Cycles, q.MeanMicros*1e3, q.P50Micros/1e3, q.MaxMicros/1e3)
+		fmt.Fprintf(&b, "BenchmarkQuorumTryLock/impl=%s/masters=%s%s%s\t%d\t%.0f ns/op\t%.2f p50-ms\t%.2f max-ms\n",
+			q.Impl, quorumSlug(q.Config), lat, procs, q.Cycles, q.MeanMicros*1e3, q.P50Micros/1e3, q.MaxMicros/1e3)
 	}
 	return b.Bytes()
 }
