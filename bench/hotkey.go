@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Scenario 2: one hot key. W waiters spread over P worker processes each loop
@@ -294,12 +296,12 @@ func analyzeHotkey(run *hotkeyRun, p hotkeyParams, start time.Time, results []wo
 }
 
 // measureRTT returns the median of n sequential PINGs, in nanoseconds.
-func measureRTT(e *env, n int) (float64, error) {
+func measureRTT(rdb *redis.Client, n int) (float64, error) {
 	ctx := context.Background()
 	xs := make([]float64, 0, n)
 	for range n {
 		t := time.Now()
-		if err := e.rdb.Ping(ctx).Err(); err != nil {
+		if err := rdb.Ping(ctx).Err(); err != nil {
 			return 0, err
 		}
 		xs = append(xs, float64(time.Since(t)))

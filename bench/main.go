@@ -331,7 +331,7 @@ func hotkeyScenario(o *options, e *env, url string, rep *report) error {
 	for r := range o.hotRounds {
 		for _, w := range o.waiters {
 			for _, im := range rotated(o.hotImpls, r) {
-				rtt, err := measureRTT(e, 200)
+				rtt, err := measureRTT(e.rdb, 200)
 				if err != nil {
 					return err
 				}
