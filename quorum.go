@@ -713,9 +713,8 @@ func (q *quorum) release(ctx context.Context, h *holding) (any, error) {
 }
 
 // releaseAll releases hs (at Close) in one pipeline per master, all at
-// once: one after another, a master that does not answer would cost each
-// release the per-master timeout, and ctx would end before the last ones
-// were sent, leaving them held on every master until their TTL.
+// once: one round trip per master for every lease, where releases one
+// after another would take one per lease out of Close's budget.
 func (q *quorum) releaseAll(ctx context.Context, hs []*holding) {
 	if len(hs) == 0 {
 		return
