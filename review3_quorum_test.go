@@ -175,7 +175,8 @@ func TestReview3QuorumFarCounterDoesNotStick(t *testing.T) {
 // a vote that never comes), and once every worker has returned, no master
 // may hold the lock: nothing was unreachable, only slow. Every other round
 // the masters' go-redis clients bound their I/O by the ctx
-// (ContextTimeoutEnabled). DLOCK_SEED replays a seed.
+// (ContextTimeoutEnabled); those rounds check only that every call
+// returned (see the limit below). DLOCK_SEED replays a seed.
 func TestReview3QuorumCloseRacesEverything(t *testing.T) {
 	seed, replay := envSeed(t)
 	if !replay {
@@ -275,6 +276,16 @@ func TestReview3QuorumCloseRacesEverything(t *testing.T) {
 		time.Sleep(time.Duration(300+r.IntN(1200)) * ms)
 		if !timed("Close", func() { _ = c.Close() }) || !timed("the workers", wg.Wait) {
 			return
+		}
+		if round%2 == 1 {
+			// A ctx-aware client drops a reply that comes after the
+			// per-master timeout, so no late callback gives back what
+			// that acquire granted: a failed attempt's give-back to a
+			// master of unknown outcome runs only while the Client lives
+			// (dropLater), and one cut short by Close leaves the lock
+			// there until its TTL (docs/SAFETY.md, limits). The rounds
+			// check that every call returned.
+			continue
 		}
 		for end := time.Now().Add(2 * time.Second); ; time.Sleep(20 * ms) {
 			held := append(ownersOf(t, servers, name+"-0"), ownersOf(t, servers, name+"-1")...)
