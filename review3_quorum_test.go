@@ -278,13 +278,12 @@ func TestReview3QuorumCloseRacesEverything(t *testing.T) {
 			return
 		}
 		if round%2 == 1 {
-			// A ctx-aware client drops a reply that comes after the
-			// per-master timeout, so no late callback gives back what
-			// that acquire granted: a failed attempt's give-back to a
-			// master of unknown outcome runs only while the Client lives
-			// (dropLater), and one cut short by Close leaves the lock
-			// there until its TTL (docs/SAFETY.md, limits). The rounds
-			// check that every call returned.
+			// With a ctx-aware client, about 1 run in 10 under CPU load
+			// leaves one master (a minority) holding a lock after Close,
+			// until its TTL; a give-back past Close for that client's
+			// unknown outcomes did not remove it, so the cause is not
+			// pinned down (docs/SAFETY.md, limits). These rounds check
+			// that every call returned.
 			continue
 		}
 		for end := time.Now().Add(2 * time.Second); ; time.Sleep(20 * ms) {
