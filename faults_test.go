@@ -244,25 +244,15 @@ func serverPausedPastTTL(t *testing.T, site *site) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got atomic.Int32
-	grants := make(chan *dlock.Lease, 8)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
+	var clients []*dlock.Client
 	var names []string
 	for i := 0; i < 4; i++ {
 		wc, _ := site.client(t)
+		clients = append(clients, wc)
 		names = append(names, site.names[wc])
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l, err := wc.Mutex("frozen", dlock.TTL(10*time.Second)).Lock(wctx)
-			if err == nil {
-				got.Add(1)
-				grants <- l
-			}
-		}()
 	}
+	w := startWaiters(ctx, clients, "frozen")
+	defer w.stop(ctx)
 	waitLine(t, ctx, rdb, "dlock:{frozen}", 4) // every waiter in line
 	s := site.serverOf(t, "dlock:{frozen}")
 	paused := time.Now()
@@ -280,29 +270,66 @@ func serverPausedPastTTL(t *testing.T, site *site) {
 	if site.resumed != nil {
 		site.resumed(t, s, "dlock:{frozen}")
 	}
+	w.oneWins(t, ctx, holder, 5*time.Second)
+}
+
+// waiters are Clients each waiting in Lock for one lock name (fault 14).
+type waiters struct {
+	got    atomic.Int32
+	grants chan *dlock.Lease
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// startWaiters has each of clients Lock name (TTL 10 s) until it gets it
+// or stop is called.
+func startWaiters(ctx context.Context, clients []*dlock.Client, name string) *waiters {
+	w := &waiters{grants: make(chan *dlock.Lease, len(clients))}
+	wctx, cancel := context.WithCancel(ctx)
+	w.cancel = cancel
+	for _, c := range clients {
+		w.wg.Go(func() {
+			if l, err := c.Mutex(name, dlock.TTL(10*time.Second)).Lock(wctx); err == nil {
+				w.got.Add(1)
+				w.grants <- l
+			}
+		})
+	}
+	return w
+}
+
+// oneWins checks what follows a holder's loss of its lease: a waiter gets
+// the lock within d, with a fence above the holder's, no second waiter
+// gets it meanwhile, and the holder's Unlock says ErrLockLost.
+func (w *waiters) oneWins(t *testing.T, ctx context.Context, holder *dlock.Lease, d time.Duration) {
+	t.Helper()
 	var first *dlock.Lease
 	select {
-	case first = <-grants:
-	case <-time.After(5 * time.Second):
+	case first = <-w.grants:
+	case <-time.After(d):
 		t.Fatal("no waiter got the lock after the server resumed")
 	}
+	defer first.Unlock(ctx)
 	if first.Fence() <= holder.Fence() {
 		t.Fatalf("the waiter's fence %d is not above the holder's %d", first.Fence(), holder.Fence())
 	}
 	// Not ordering: time for a wrong second grant to happen; the check is
 	// that none does.
 	time.Sleep(300 * time.Millisecond)
-	if n := got.Load(); n != 1 {
+	if n := w.got.Load(); n != 1 {
 		t.Fatalf("%d waiters hold the lock", n)
 	}
 	if err := holder.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
 		t.Fatalf("old holder's Unlock: %v, want ErrLockLost", err)
 	}
-	_ = first.Unlock(ctx)
-	cancel()
-	wg.Wait()
-	close(grants)
-	for l := range grants {
+}
+
+// stop ends the waits and unlocks what they got.
+func (w *waiters) stop(ctx context.Context) {
+	w.cancel()
+	w.wg.Wait()
+	close(w.grants)
+	for l := range w.grants {
 		_ = l.Unlock(ctx)
 	}
 }
