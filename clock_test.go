@@ -265,7 +265,7 @@ func TestFault9QuorumClockJumpForward(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Lock returned once a majority granted; the others' grants follow.
-	waitFor(t, ctx, "the grant on all 5 masters", func() bool { return len(heldOn(t, servers, "qjump", old.Token())) == 5 })
+	grantedOnAll(t, ctx, servers, "qjump", old)
 	if !writeFenced(ctx, reg, old.Fence(), "old holder") {
 		t.Fatal("holder's fenced write refused")
 	}

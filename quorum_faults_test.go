@@ -94,6 +94,13 @@ func freeOnAll(t *testing.T, servers []*redistest.Server, name, when string) {
 	}
 }
 
+// grantedOnAll waits until l holds lock name on every server: a quorum
+// Lock returns once a majority granted, the others' grants on their way.
+func grantedOnAll(t *testing.T, ctx context.Context, servers []*redistest.Server, name string, l *dlock.Lease) {
+	t.Helper()
+	waitFor(t, ctx, "the grant on every master", func() bool { return len(heldOn(t, servers, name, l.Token())) == len(servers) })
+}
+
 // releasedOnAll waits for lock name to be free on every running server,
 // and fails the test as freeOnAll does if it is not soon: an Unlock returns
 // once a majority released, its releases to the other masters on their way.
@@ -875,7 +882,7 @@ func TestFault17QuorumResetOnReleaseOrExtend(t *testing.T) {
 		}
 		// TryLock returned once three granted; an extension that reached
 		// a master before its grant would find another owner there.
-		waitFor(t, ctx, "the grant on every master", func() bool { return len(heldOn(t, servers, name, l.Token())) == 5 })
+		grantedOnAll(t, ctx, servers, name, l)
 		for _, p := range proxies[:3] {
 			p.Hold(faultproxy.Downstream)
 		}
@@ -1004,7 +1011,7 @@ func TestQuorumUnlockDecidedByMajority(t *testing.T) {
 		}
 		// TryLock returned once three granted; a release that reached a
 		// master before its acquire would find nothing there.
-		waitFor(t, ctx, "the grant on every master", func() bool { return len(heldOn(t, servers, name, l.Token())) == 5 })
+		grantedOnAll(t, ctx, servers, name, l)
 		for _, p := range proxies[3:] {
 			p.Hold(faultproxy.Downstream)
 		}
@@ -1031,7 +1038,7 @@ func TestQuorumUnlockDecidedByMajority(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, ctx, "the grant on every master", func() bool { return len(heldOn(t, servers, name, l.Token())) == 5 })
+		grantedOnAll(t, ctx, servers, name, l)
 		// The lease is lost on masters 2, 3 and 4 (another owner there);
 		// 3 and 4 answer only when let: two "released" and one "not the
 		// owner" decide nothing yet.
@@ -1077,7 +1084,7 @@ func TestFault14QuorumMajorityPausedPastTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "the grant on every master", func() bool { return len(heldOn(t, servers, name, holder.Token())) == 5 })
+	grantedOnAll(t, ctx, servers, name, holder)
 	var clients []*dlock.Client
 	for range 4 {
 		clients = append(clients, newQuorum(t, rdbs, fast))

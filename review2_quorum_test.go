@@ -47,7 +47,7 @@ func TestReview2QuorumAskLeavesNoWorkPastClose(t *testing.T) {
 	}
 	// TryLock returned once two granted: the third's grant may still be
 	// on its way, and a TTL asked before it would find one master fewer.
-	waitFor(t, ctx, "the grant on all 3 masters", func() bool { return len(heldOn(t, servers, "asked", l.Token())) == 3 })
+	grantedOnAll(t, ctx, servers, "asked", l)
 	servers[0].Pause()
 	defer servers[0].Resume()
 	if _, err := l.TTL(ctx); err != nil {
