@@ -584,9 +584,11 @@ func TestQuorumProposedFenceSavesRaise(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Each Client's first grant has nothing to propose; a few more may
-	// meet a master whose clock went past a proposal.
-	if raised > 2+grants/8 {
+	// Each Client's first grant has nothing to propose; more may meet a
+	// master whose clock went past a proposal, when a loaded machine
+	// delays a reply past the round trip the proposal allowed for. Without
+	// proposals every grant needs one.
+	if raised > grants/2 {
 		t.Fatalf("%d of %d grants needed a raise: the proposed fence was not taken", raised, grants)
 	}
 	t.Logf("%d of %d grants needed a raise", raised, grants)

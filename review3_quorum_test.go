@@ -159,8 +159,10 @@ func TestReview3QuorumFarCounterDoesNotStick(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The first name's grant meets the cap; the others' take the proposal.
-	if raised > 2+grants/8 {
+	// The first name's grant meets the cap; the others' take the proposal
+	// (a loaded machine makes a few miss it: see
+	// TestQuorumProposedFenceSavesRaise). Stuck at the cap, all would.
+	if raised > grants/2 {
 		t.Errorf("%d of %d grants of another name needed a raise after one name's counter was far ahead", raised, grants)
 	}
 }
