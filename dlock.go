@@ -107,9 +107,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/driver"
 	"github.com/dlock-go/dlock/internal/hub"
 	"github.com/dlock-go/dlock/internal/wire"
-	"github.com/redis/go-redis/v9"
 )
 
 // MaxNameLen is the longest lock name accepted, in bytes.
@@ -120,14 +120,13 @@ const MaxNameLen = wire.MaxNameLen
 // concurrent use. Close it when done: that ends its goroutines and releases
 // the leases it still holds.
 type Client struct {
-	rdb      redis.UniversalClient
-	ap       *redis.AutoPipeliner // rdb's shared deferred autopipeliner, if used
-	ctxAware bool                 // rdb bounds I/O by ctx deadlines itself
-	ttlArg   string               // DefaultTTL in ms, formatted once
-	liveArg  string               // fairLiveness in ms, formatted once
-	idleArg  string               // the idle period in ms, formatted once
-	id       string               // random, names this Client's hand-over channels
-	inflight atomic.Int64         // lock-path scripts awaiting Redis
+	drv      driver.Conn   // the Redis client (nil in quorum mode)
+	tr       driver.Traits // drv's, read once
+	ttlArg   string        // DefaultTTL in ms, formatted once
+	liveArg  string        // fairLiveness in ms, formatted once
+	idleArg  string        // the idle period in ms, formatted once
+	id       string        // random, names this Client's hand-over channels
+	inflight atomic.Int64  // lock-path scripts awaiting Redis
 	cfg      clientConfig
 
 	closed    atomic.Bool
@@ -151,7 +150,7 @@ type Client struct {
 
 	gaps atomic.Uint64 // subscriptions the hub re-established after a fault (for tests)
 
-	q      *quorum // quorum mode (NewQuorum): the masters; rdb and hub are nil
+	q      *quorum // quorum mode (NewQuorum): the masters; drv and hub are nil
 	parent *Client // a quorum master's Client: the quorum Client its wake-ups go to
 	// renewalHook, set by tests before the first lock, runs on the watchdog
 	// goroutine after it read the TTL it will renew a holding to, before the
@@ -159,22 +158,8 @@ type Client struct {
 	renewalHook func(h *holding)
 }
 
-// New returns a Client over rdb: a go-redis v9 single-node, failover
-// (Sentinel) or cluster client. The Client does not own rdb: Close leaves it
-// open.
-//
-// Wake-ups travel by sharded pub/sub (SPUBLISH, SSUBSCRIBE) on a Cluster and
-// on any server that has it (Redis 7.0 and later), and by plain pub/sub
-// (PUBLISH, SUBSCRIBE) on a single server without it (earlier Redis,
-// miniredis), with the same guarantees; a ClusterClient with a ClusterSlots
-// func (as redis.NewFailoverClusterClient makes) counts as a single server. A Client finds out which with one
-// command before its first lock call, and keeps the answer for its life. So
-// make new Clients after moving to a server of another kind (a failover to a
-// replica of another version): an old Client's waiters would not be woken
-// by message on a server without SPUBLISH (its releases still succeed), and
-// on one with it the old Clients and the new would not hear each other's
-// releases (waiters would wake at the holder's TTL).
-func New(rdb redis.UniversalClient, opts ...Option) *Client {
+// configure applies opts to the defaults.
+func configure(opts []Option) clientConfig {
 	cfg := defaultClientConfig()
 	for _, o := range opts {
 		o(&cfg)
@@ -182,45 +167,55 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if cfg.logger == nil {
 		cfg.logger = noLogger()
 	}
-	cfg.ack.check(rdb)
+	return cfg
+}
+
+// newOver returns a Client over drv: what New does after it made the
+// go-redis driver, and what rueidisdlock.New does through driver.Attach.
+func newOver(drv driver.Conn, cfg clientConfig) *Client {
+	cfg.ack.check(drv.Traits())
 	if cfg.quorum.set != "" && cfg.quorum.err == nil {
 		cfg.quorum.err = invalidf("%s applies to NewQuorum only", cfg.quorum.set)
 	}
-	c := newClient(rdb, cfg)
-	if cfg.autoPipeline {
-		// Lock and unlock scripts go through the client's shared deferred
-		// autopipeliner when many are in flight: concurrent calls share
-		// round trips and system calls. The pipeliner never resends them
-		// (see Client.submit): the engine retries what it must itself.
-		if ap, err := rdb.AsyncAutoPipeline(); err == nil {
-			c.ap = ap
-		}
-	}
-	if hub.IsCluster(rdb) {
+	c := newClient(drv, cfg)
+	if c.tr.Cluster {
 		c.ps.set(hub.Sharded) // as hub.Detect would say, without asking
 	}
-	c.hub = hub.New(rdb, clientHandler{c}, cfg.logger, c.hubKind)
+	c.hub = hub.New(drv, clientHandler{c}, cfg.logger, c.hubKind)
 	return c
+}
+
+// init lets a driver outside this package (rueidisdlock) make a Client
+// without an exported constructor that names internal types: package
+// driver holds the hook, which only this module can import, and a driver
+// package that calls it imports dlock, so this init has run by then.
+func init() {
+	driver.Attach = func(drv driver.Conn, opts any) any {
+		o, _ := opts.([]Option)
+		return newOver(drv, configure(o))
+	}
 }
 
 func noLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-// newClient is the part of a Client that New and NewQuorum share (rdb is
+// newClient is the part of a Client that New and NewQuorum share (drv is
 // nil in quorum mode).
-func newClient(rdb redis.UniversalClient, cfg clientConfig) *Client {
+func newClient(drv driver.Conn, cfg clientConfig) *Client {
 	bg, stop := context.WithCancel(context.Background())
 	c := &Client{
-		rdb:      rdb,
-		ctxAware: rdb != nil && contextAware(rdb),
-		cfg:      cfg,
-		ttlArg:   formatMillis(DefaultTTL),
-		liveArg:  formatMillis(fairLiveness),
-		idleArg:  formatMillis(cfg.idle),
-		bg:       bg,
-		stop:     stop,
-		locals:   make(map[string]*local),
-		byToken:  make(map[string]*waiter),
-		late:     make(map[string]bool),
+		drv:     drv,
+		cfg:     cfg,
+		ttlArg:  formatMillis(DefaultTTL),
+		liveArg: formatMillis(fairLiveness),
+		idleArg: formatMillis(cfg.idle),
+		bg:      bg,
+		stop:    stop,
+		locals:  make(map[string]*local),
+		byToken: make(map[string]*waiter),
+		late:    make(map[string]bool),
+	}
+	if drv != nil {
+		c.tr = drv.Traits()
 	}
 	c.id = c.tokens.next()[:12]
 	c.dog.init()
@@ -260,7 +255,7 @@ func (c *Client) close() {
 		if c.q != nil {
 			quorumLive = append(quorumLive, h)
 		} else {
-			_, _ = h.cmd.relScript.do(ctx, c.rdb, h.cmd.release(), false)
+			_, _ = h.cmd.relScript.do(ctx, c.drv, h.cmd.release(), false)
 		}
 	}
 	if c.q != nil {

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/driver"
 	"github.com/dlock-go/dlock/internal/wire"
-	"github.com/redis/go-redis/v9"
 )
 
 // A Lease is one holding of a lock. Its methods are safe for concurrent use.
@@ -265,9 +265,9 @@ func (h *holding) finish(ctx context.Context) error {
 }
 
 // release releases an ending holding at Redis. A release that failed is
-// sent again, a few times while ctx lasts; go-redis does not resend it by
-// itself (onceCmd), so a reply of "not the owner" is known to be the
-// answer to a resend, which may follow our own earlier run.
+// sent again, a few times while ctx lasts; the driver does not resend it by
+// itself (it is sent once, see script.do), so a reply of "not the owner" is
+// known to be the answer to a resend, which may follow our own earlier run.
 func (h *holding) release(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return nameErr(h.lk.name, fmt.Errorf("release: %w", err)) // not sent: the next attempt is the first
@@ -282,7 +282,7 @@ func (h *holding) release(ctx context.Context) error {
 	v, err = resend(ctx, v, err, func(err error) {
 		// A failed connection may have followed a run; a refusal to run
 		// did not.
-		var reply redis.Error
+		var reply driver.ReplyError
 		retry = retry || !errors.As(err, &reply)
 		h.c.clusterHint(err)
 	}, func() (any, error) { return h.c.releaseCall(ctx, h) })
@@ -336,7 +336,7 @@ func resend(ctx context.Context, v any, err error, failed func(error), send func
 // writes or the slot for now). Any other error reply may come from a
 // script that stopped halfway, and is reported.
 func resendable(err error) bool {
-	var reply redis.Error
+	var reply driver.ReplyError
 	if err == nil || isForeign(err) {
 		return false
 	}

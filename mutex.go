@@ -127,7 +127,7 @@ func (mutexProto) pttl(h *holding) call {
 }
 
 func (mutexProto) giveBack(ctx context.Context, lk *lock, token string) error {
-	v, err := fairLeaveScript.run(ctx, lk.c.rdb, lk.scriptKeys(), token)
+	v, err := fairLeaveScript.run(ctx, lk.c.drv, lk.scriptKeys(), token)
 	if err != nil {
 		return err
 	}
@@ -137,7 +137,7 @@ func (mutexProto) giveBack(ctx context.Context, lk *lock, token string) error {
 			return err
 		}
 		f, _ := r[1].(int64)
-		_, err = releaseScript.run(ctx, lk.c.rdb, lk.scriptKeys(), token, formatUint(uint64(f)), lk.c.idleArg, lk.hash, lk.c.ps.arg)
+		_, err = releaseScript.run(ctx, lk.c.drv, lk.scriptKeys(), token, formatUint(uint64(f)), lk.c.idleArg, lk.hash, lk.c.ps.arg)
 	}
 	return err
 }

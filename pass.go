@@ -111,5 +111,5 @@ func (c *Client) giveBackAsync(h *holding) {
 // releaseCallAt releases h's token with its fence (a pass that could not be
 // recorded), whatever h's state.
 func (c *Client) releaseCallAt(ctx context.Context, h *holding) (any, error) {
-	return h.cmd.relScript.do(ctx, c.rdb, h.cmd.release(), false)
+	return h.cmd.relScript.do(ctx, c.drv, h.cmd.release(), false)
 }

@@ -55,7 +55,7 @@ func (c *Client) pubsubReady(ctx context.Context) error {
 		return nil
 	}
 	v, err := c.aside(ctx, func(ctx context.Context) (any, error) {
-		return hub.Detect(ctx, c.rdb, wire.ProbeChannel(c.cfg.prefix))
+		return hub.Detect(ctx, c.drv, wire.ProbeChannel(c.cfg.prefix))
 	}, nil)
 	if err != nil {
 		return fmt.Errorf("asking the server whether it has SPUBLISH: %w", err)

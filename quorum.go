@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/driver"
 	"github.com/dlock-go/dlock/internal/wire"
-	"github.com/redis/go-redis/v9"
 )
 
 // quorum is a Client's masters in quorum mode (NewQuorum): every grant,
@@ -93,7 +93,6 @@ func (fc *fenceClock) saw(f, p uint64, sent time.Time, ttl time.Duration) {
 // pub/sub and its scripts, that never takes a lock itself.
 type member struct {
 	c    *Client
-	rdb  *redis.Client
 	addr string
 }
 
@@ -114,89 +113,37 @@ const (
 // "Distributed Locks" page adds 2 ms the same way).
 const quorumSlack = 2 * time.Millisecond
 
-// NewQuorum returns a Client that takes every lock on a majority of rdbs,
-// independent Redis masters (the Redlock algorithm): at least 3, each a
-// go-redis Client of one master (a failover client too), no two the same.
-// An odd number is the sensible choice: with N masters a lock needs N/2+1
-// of them, so N = 4 tolerates one master down, as N = 3 does, at a greater
-// cost. The Client does not own rdbs: Close leaves them open.
-//
-// Mutex works as on one server, in default mode (Fair, RWMutex and
-// Semaphore report errors.ErrUnsupported): Lock, TryLock, Do, reentrancy,
-// the lease context, watchdog renewal, Extend, TTL and Unlock. A request
-// goes to every master at once, each bounded by WithNodeTimeout; it counts
-// only with a majority of grants, and a lease is valid until TTL after its
-// first send, less 1% of the TTL and 2 ms for clock drift, which comes out
-// below zero (not obtained) if the masters took too long. A failed acquire
-// is given back on every master, including those whose reply was lost. A
-// renewal needs a majority too: a lease that cannot get one ends with
-// ErrLockLost. Waiting is notified by a release on any master.
-//
-// Fences strictly increase in the order leases are granted while the
-// masters keep their data: a grant raises its counter to its fence on a
-// majority before Lock returns (see docs/PROTOCOL.md).
-//
-// What quorum mode assumes (the conditions of the Redlock argument): the
-// clocks of the masters and of this process run at nearly the same rate
-// (within 1%) and no master's clock jumps; and a master whose data may lack
-// a lease it granted (after a restart, whatever its persistence, or a
-// failover to a replica) does not vote until every lease it may have
-// granted has expired. dlock enforces the last itself: a master's data
-// carry an epoch key naming the process that holds them and since when,
-// and a master whose key is missing or names another process, or whose
-// process has held its data for less than WithRestartDelay, refuses to
-// vote for the rest of the delay. Every Client of a quorum must use the
-// same restart delay, and no lease may be longer (a TTL or Extend above it
-// is refused).
-func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
-	cfg := defaultClientConfig()
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if cfg.logger == nil {
-		cfg.logger = noLogger()
-	}
+// checkQuorum checks NewQuorum's settings for n masters.
+func checkQuorum(cfg clientConfig, n int) error {
 	switch {
-	case len(rdbs) < 3:
-		return nil, invalidf("NewQuorum: %d masters: quorum mode needs at least 3 independent masters", len(rdbs))
+	case n < 3:
+		return invalidf("NewQuorum: %d masters: quorum mode needs at least 3 independent masters", n)
 	case cfg.ack.n != 0:
-		return nil, invalidf("NewQuorum: WithReplicaAck does not apply to quorum mode (a majority of masters stands in for replicas)")
+		return invalidf("NewQuorum: WithReplicaAck does not apply to quorum mode (a majority of masters stands in for replicas)")
 	case cfg.quorum.err != nil:
-		return nil, cfg.quorum.err
+		return cfg.quorum.err
 	}
-	if err := validPrefix(cfg.prefix); err != nil {
-		return nil, err
-	}
-	q := &quorum{maj: len(rdbs)/2 + 1, every: make([]int, len(rdbs)), node: cfg.quorum.node, delay: cfg.quorum.delay, epoch: wire.EpochKey(cfg.prefix)}
-	seen := map[string]int{}
-	for i, r := range rdbs {
-		rc, ok := r.(*redis.Client)
-		if !ok || rc == nil {
-			return nil, invalidf("NewQuorum: master %d is a %T: each must be a *redis.Client of one master (or a failover client)", i, r)
-		}
-		addr := rc.Options().Addr
-		if addr == failoverAddr {
-			addr = fmt.Sprintf("the failover client %p", rc) // its master is the sentinels' to say
-		}
-		if j, dup := seen[addr]; dup {
-			return nil, invalidf("NewQuorum: masters %d and %d are both %s: the masters must be independent", j, i, addr)
-		}
-		seen[addr] = i
-		q.members = append(q.members, &member{rdb: rc, addr: addr})
+	return validPrefix(cfg.prefix)
+}
+
+// newQuorum returns a quorum Client over the masters drvs, named by addrs
+// (checked by NewQuorum). Each master gets a Client of its own, for its
+// pub/sub and its scripts.
+func newQuorum(cfg clientConfig, drvs []driver.Conn, addrs []string) *Client {
+	q := &quorum{maj: len(drvs)/2 + 1, every: make([]int, len(drvs)), node: cfg.quorum.node, delay: cfg.quorum.delay, epoch: wire.EpochKey(cfg.prefix)}
+	for i, addr := range addrs {
+		q.members = append(q.members, &member{addr: addr})
 		q.every[i] = i
 	}
 	c := newClient(nil, cfg)
 	c.q = q
 	memberOpts := []Option{WithPrefix(cfg.prefix), WithLogger(cfg.logger), WithIdleExpiry(cfg.idle), WithAutoPipeline(false)}
-	for _, m := range q.members {
-		m.c = New(m.rdb, memberOpts...)
+	for i, m := range q.members {
+		m.c = newOver(drvs[i], configure(memberOpts))
 		m.c.parent = c
 	}
-	return c, nil
+	return c
 }
-
-// failoverAddr is the address go-redis gives every failover client.
-const failoverAddr = "FailoverClient"
 
 // WithNodeTimeout bounds each request to one master in quorum mode
 // (NewQuorum): a master that has not answered by then counts as not
@@ -331,7 +278,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	proposed := q.clock.propose()
 	propArg := formatUint(proposed)
 	votes := q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
-		return quorumAcquireScript.run(ctx, m.c.rdb, []string{lk.hash, q.epoch}, token, lk.ttlArg, delay, propArg)
+		return quorumAcquireScript.run(ctx, m.c.drv, []string{lk.hash, q.epoch}, token, lk.ttlArg, delay, propArg)
 	}, func(m *member, v any, err error) {
 		// This master answered after its timeout: give back what it
 		// granted (or may have), unless the attempt won and its lease
@@ -607,7 +554,7 @@ func (q *quorum) raise(ctx context.Context, lk *lock, token string, granted map[
 	}
 	fs := formatUint(fence)
 	votes := q.fanOutTo(ctx, to, nil, func(ctx context.Context, m *member) (any, error) {
-		return quorumFenceScript.run(ctx, m.c.rdb, []string{lk.hash}, token, fs)
+		return quorumFenceScript.run(ctx, m.c.drv, []string{lk.hash}, token, fs)
 	}, nil)
 	for range to {
 		if v := <-votes; v.err == nil && v.v == int64(1) {
@@ -659,11 +606,11 @@ func (q *quorum) dropLater(lk *lock, m *member, token string, granted bool) {
 // releaseOn runs release.lua for token on m (without a line), publishing
 // fence as the released fence.
 func (q *quorum) releaseOn(ctx context.Context, m *member, lk *lock, token, fence string) (any, error) {
-	// Sent once (see onceCmd): a resend that go-redis made by itself
+	// Sent once (see script.do): a resend that go-redis made by itself
 	// after a run whose reply was lost would answer "not the owner", and
 	// Unlock would take a release that went through for a lost lease.
 	args := []any{"evalsha", releaseScript.sha, "1", lk.hash, token, fence, m.c.idleArg, lk.hash, m.pubArg()}
-	return releaseScript.do(ctx, m.c.rdb, args, true)
+	return releaseScript.do(ctx, m.c.drv, args, true)
 }
 
 // release releases h on every master and returns what holding.release
@@ -736,24 +683,19 @@ func (q *quorum) releaseAll(ctx context.Context, hs []*holding) {
 
 // pipe runs calls, all of one script, on m in one pipeline, and again
 // once the script is loaded if m did not have it.
-func (m *member) pipe(ctx context.Context, calls []call) ([]*redis.Cmd, error) {
-	send := func() []*redis.Cmd {
-		p := m.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(calls))
-		for j, k := range calls {
-			cmds[j] = p.EvalSha(ctx, k.s.sha, k.keys, k.args...)
-		}
-		_, _ = p.Exec(ctx)
-		return cmds
+func (m *member) pipe(ctx context.Context, calls []call) ([]driver.Reply, error) {
+	lines := make([][]any, len(calls))
+	for j, k := range calls {
+		lines[j] = k.s.line(k.keys, k.args)
 	}
-	cmds := send()
-	if isNoScript(cmds[0].Err()) {
-		if err := m.rdb.ScriptLoad(ctx, calls[0].s.src).Err(); err != nil {
+	r := m.c.drv.Pipe(ctx, lines, false)
+	if isNoScript(r[0].Err) {
+		if err := m.c.drv.LoadScript(ctx, calls[0].s.src); err != nil {
 			return nil, err
 		}
-		cmds = send()
+		r = m.c.drv.Pipe(ctx, lines, false)
 	}
-	return cmds, nil
+	return r, nil
 }
 
 // ask runs an extend or pttl call about h on every master and combines
@@ -766,7 +708,7 @@ func (m *member) pipe(ctx context.Context, calls []call) ([]*redis.Cmd, error) {
 // in the background).
 func (q *quorum) ask(ctx context.Context, k call) (any, error) {
 	in := q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
-		return k.s.run(ctx, m.c.rdb, k.keys, k.args...)
+		return k.s.run(ctx, m.c.drv, k.keys, k.args...)
 	}, nil)
 	votes := q.pending()
 	for range q.members {
@@ -834,27 +776,22 @@ func (q *quorum) combine(k call, votes []vote) (any, error) {
 
 // extends runs a renewal's extends: one pipeline per master, all at once,
 // and combines each call's answers as combine does.
-func (q *quorum) extends(ctx context.Context, calls []call) []*redis.Cmd {
+func (q *quorum) extends(ctx context.Context, calls []call) []driver.Reply {
 	votes := q.all(q.fanOut(ctx, func(ctx context.Context, m *member) (any, error) {
 		return m.pipe(ctx, calls)
 	}, nil))
-	out := make([]*redis.Cmd, len(calls))
+	out := make([]driver.Reply, len(calls))
 	for j, k := range calls {
 		vs := make([]vote, len(votes))
 		for i, v := range votes {
 			vs[i].i = i
-			if cmds, ok := v.v.([]*redis.Cmd); ok && v.err == nil {
-				vs[i].v, vs[i].err = cmds[j].Result()
+			if r, ok := v.v.([]driver.Reply); ok && v.err == nil {
+				vs[i].v, vs[i].err = r[j].Val, r[j].Err
 			} else {
 				vs[i].err = cmp(v.err, errors.New("no reply"))
 			}
 		}
-		out[j] = redis.NewCmd(ctx)
-		if v, err := q.combine(k, vs); err != nil {
-			out[j].SetErr(err)
-		} else {
-			out[j].SetVal(v)
-		}
+		out[j].Val, out[j].Err = q.combine(k, vs)
 	}
 	return out
 }

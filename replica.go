@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/dlock-go/dlock/internal/driver"
 )
 
 // ackConfig is WithReplicaAck's setting; n > 0 turns it on.
@@ -59,21 +59,17 @@ func WithReplicaAck(n int, timeout time.Duration) Option {
 	}
 }
 
-// checkAck checks WithReplicaAck's setting against rdb (at New).
-func (a *ackConfig) check(rdb redis.UniversalClient) {
+// checkAck checks WithReplicaAck's setting against the driver's traits
+// (at New).
+func (a *ackConfig) check(t driver.Traits) {
 	if a.n == 0 || a.err != nil {
 		return
 	}
-	var read time.Duration
-	switch r := rdb.(type) {
-	case *redis.Client:
-		read = r.Options().ReadTimeout
-	case *redis.ClusterClient:
-		read = r.Options().ReadTimeout
-	default:
-		a.err = invalidf("WithReplicaAck: a %T is not supported: use a Client, a failover client or a ClusterClient", rdb)
+	if t.AckErr != nil {
+		a.err = invalidf("WithReplicaAck: %v", t.AckErr)
 		return
 	}
+	read := t.ReadTimeout
 	if read > 0 && a.timeout > read/2 {
 		// The read deadline covers the script's reply as well as WAIT's,
 		// and go-redis resends a pipeline whose read timed out.
@@ -81,11 +77,9 @@ func (a *ackConfig) check(rdb redis.UniversalClient) {
 	}
 }
 
-// wait queues WAIT on p.
-func (a *ackConfig) wait(ctx context.Context, p redis.Pipeliner) *redis.IntCmd {
-	w := redis.NewIntCmd(ctx, "wait", a.n, a.timeout.Milliseconds())
-	_ = p.Process(ctx, w)
-	return w
+// wait is the WAIT line that follows a grant on its connection.
+func (a *ackConfig) wait() []any {
+	return []any{"wait", a.n, a.timeout.Milliseconds()}
 }
 
 // on reports whether grants wait for replicas.
@@ -93,8 +87,8 @@ func (a *ackConfig) on() bool { return a.n > 0 }
 
 // shortOf returns nil if WAIT w counted enough replicas, else the
 // ErrNotReplicated error that says how many confirmed what.
-func (a *ackConfig) shortOf(w *redis.IntCmd, what string) error {
-	n, err := w.Result()
+func (a *ackConfig) shortOf(w driver.Reply, what string) error {
+	n, err := replyInt(w)
 	if err == nil && n >= int64(a.n) {
 		return nil
 	}
@@ -111,19 +105,6 @@ func (a *ackConfig) shortOf(w *redis.IntCmd, what string) error {
 type ackedReply struct {
 	v     any
 	short error
-}
-
-// ackPipe returns a pipeline on one connection to the primary that serves
-// key: WAIT counts what that connection wrote.
-func (c *Client) ackPipe(ctx context.Context, key string) (redis.Pipeliner, error) {
-	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
-		node, err := cc.MasterForKey(ctx, key)
-		if err != nil {
-			return nil, err
-		}
-		return node.Pipeline(), nil
-	}
-	return c.rdb.Pipeline(), nil
 }
 
 // runAcked runs a prepared command line of s (see cmdline) about key and
@@ -156,39 +137,31 @@ func (c *Client) runAcked(ctx context.Context, s *script, key string, args []any
 }
 
 func (c *Client) sendAcked(ctx context.Context, key string, args []any, what string) (any, error) {
-	p, err := c.ackPipe(ctx, key)
+	// Pipe on a Node sends on one connection to the primary that serves
+	// key: WAIT counts what that connection wrote.
+	p, err := c.drv.Node(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	cmd := redis.NewCmd(ctx, args...)
-	_ = p.Process(ctx, cmd)
-	w := c.cfg.ack.wait(ctx, p)
-	_, _ = p.Exec(ctx)
-	if err := cmd.Err(); err != nil {
+	r := p.Pipe(ctx, [][]any{args, c.cfg.ack.wait()}, false)
+	if err := r[0].Err; err != nil {
 		return nil, err
 	}
-	return ackedReply{v: cmd.Val(), short: c.cfg.ack.shortOf(w, what)}, nil
+	return ackedReply{v: r[0].Val, short: c.cfg.ack.shortOf(r[1], what)}, nil
 }
 
 // evalAcked is eval (see Client.eval) with WAIT after the call; see runAcked.
 func (c *Client) evalAcked(ctx context.Context, k call, what string) (v any, short error, err error) {
-	args := make([]any, 0, 3+len(k.keys)+len(k.args))
-	args = append(args, "evalsha", k.s.sha, len(k.keys))
-	for _, key := range k.keys {
-		args = append(args, key)
-	}
-	args = append(args, k.args...)
-	return c.runAcked(ctx, k.s, k.keys[0], args, what, nil)
+	return c.runAcked(ctx, k.s, k.keys[0], k.s.line(k.keys, k.args), what, nil)
 }
 
 // extendGroups splits a renewal's calls into the pipelines runExtends
-// sends: one for all of them (a ClusterClient's pipeline routes each call
+// sends: one for all of them (a cluster client's pipeline routes each call
 // by its key), or with replica acknowledgement one per primary, on one
 // connection, since WAIT counts what one connection wrote. A call whose
 // primary is not known is in no group, with its error in cmds.
-func (c *Client) extendGroups(ctx context.Context, calls []call, cmds []*redis.Cmd) [][]int {
-	cc, cluster := c.rdb.(*redis.ClusterClient)
-	if !c.cfg.ack.on() || !cluster {
+func (c *Client) extendGroups(ctx context.Context, calls []call, cmds []driver.Reply) [][]int {
+	if !c.cfg.ack.on() || !c.tr.Slots {
 		all := make([]int, len(calls))
 		for i := range all {
 			all[i] = i
@@ -196,21 +169,32 @@ func (c *Client) extendGroups(ctx context.Context, calls []call, cmds []*redis.C
 		return [][]int{all}
 	}
 	var groups [][]int
-	at := map[*redis.Client]int{}
+	at := map[string]int{}
 	for i, k := range calls {
-		node, err := cc.MasterForKey(ctx, k.keys[0])
+		node, err := c.drv.Node(ctx, k.keys[0])
 		if err != nil {
-			cmds[i] = redis.NewCmd(ctx)
-			cmds[i].SetErr(err)
+			cmds[i].Err = err
 			continue
 		}
-		g, ok := at[node]
+		g, ok := at[node.Addr()]
 		if !ok {
 			g = len(groups)
-			at[node] = g
+			at[node.Addr()] = g
 			groups = append(groups, nil)
 		}
 		groups[g] = append(groups[g], i)
 	}
 	return groups
+}
+
+// replyInt is an integer reply, or the error that came instead of one.
+func replyInt(r driver.Reply) (int64, error) {
+	if r.Err != nil {
+		return 0, r.Err
+	}
+	n, ok := r.Val.(int64)
+	if !ok {
+		return 0, fmt.Errorf("unexpected reply %v (%T) where an integer was due", r.Val, r.Val)
+	}
+	return n, nil
 }

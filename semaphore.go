@@ -128,6 +128,6 @@ func (semProto) giveBack(ctx context.Context, lk *lock, token string) error {
 	if err := lk.c.pubsubReady(ctx); err != nil {
 		return err
 	}
-	_, err := semScript.run(ctx, lk.c.rdb, lk.scriptKeys(), wire.SemLeave, token, lk.c.idleArg, lk.c.ps.arg)
+	_, err := semScript.run(ctx, lk.c.drv, lk.scriptKeys(), wire.SemLeave, token, lk.c.idleArg, lk.c.ps.arg)
 	return err
 }

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/dlock-go/dlock/internal/driver"
 )
 
 // watchdog keeps every live holding of a Client on one timer heap: renewing
@@ -206,7 +206,7 @@ func (c *Client) renew(batch []*holding, ttls []time.Duration) {
 	for i, h := range batch {
 		calls[i] = h.lk.proto.extend(h, formatMillis(ttls[i]))
 	}
-	var cmds []*redis.Cmd
+	var cmds []driver.Reply
 	short := make([]error, len(calls))
 	if c.q != nil {
 		cmds = c.q.extends(ctx, calls)
@@ -214,7 +214,7 @@ func (c *Client) renew(batch []*holding, ttls []time.Duration) {
 		cmds, short = c.runExtends(ctx, calls)
 	}
 	for i, h := range batch {
-		v, err := cmds[i].Int64()
+		v, err := replyInt(cmds[i])
 		if err == nil && v == 1 && short[i] != nil {
 			// It ran, but a failover now could lose it: as if unknown.
 			err = short[i]
@@ -239,46 +239,41 @@ func (c *Client) renew(batch []*holding, ttls []time.Duration) {
 // extendGroups), loading the scripts the server had lost and resending.
 // With replica acknowledgement a WAIT follows each pipeline's extends, and
 // short[i] is nil or the ErrNotReplicated error of cmds[i]'s pipeline.
-func (c *Client) runExtends(ctx context.Context, calls []call) (cmds []*redis.Cmd, short []error) {
-	cmds, short = make([]*redis.Cmd, len(calls)), make([]error, len(calls))
+func (c *Client) runExtends(ctx context.Context, calls []call) (cmds []driver.Reply, short []error) {
+	cmds, short = make([]driver.Reply, len(calls)), make([]error, len(calls))
 	for _, g := range c.extendGroups(ctx, calls, cmds) {
+		lines := make([][]any, 0, len(g)+1)
+		for _, i := range g {
+			k := calls[i]
+			lines = append(lines, k.s.line(k.keys, k.args))
+		}
 		send := func() {
-			var p redis.Pipeliner
-			var err error
+			var r []driver.Reply
 			if c.cfg.ack.on() {
-				p, err = c.ackPipe(ctx, calls[g[0]].keys[0])
-			} else {
-				p = c.rdb.Pipeline()
-			}
-			for _, i := range g {
+				n, err := c.drv.Node(ctx, calls[g[0]].keys[0])
 				if err != nil {
-					cmds[i] = redis.NewCmd(ctx)
-					cmds[i].SetErr(err)
-					continue
+					for _, i := range g {
+						cmds[i] = driver.Reply{Err: err}
+					}
+					return
 				}
-				k := calls[i]
-				cmds[i] = p.EvalSha(ctx, k.s.sha, k.keys, k.args...)
-			}
-			if err != nil {
-				return
-			}
-			var w *redis.IntCmd
-			if c.cfg.ack.on() {
-				w = c.cfg.ack.wait(ctx, p)
-			}
-			_, _ = p.Exec(ctx)
-			if w != nil {
-				s := c.cfg.ack.shortOf(w, "renewal")
+				r = n.Pipe(ctx, append(lines, c.cfg.ack.wait()), false)
+				s := c.cfg.ack.shortOf(r[len(g)], "renewal")
 				for _, i := range g {
 					short[i] = s
 				}
+			} else {
+				r = c.drv.Pipe(ctx, lines, false)
+			}
+			for j, i := range g {
+				cmds[i] = r[j]
 			}
 		}
 		send()
 		loaded := map[*script]bool{}
 		for _, i := range g {
-			if s := calls[i].s; isNoScript(cmds[i].Err()) && !loaded[s] {
-				if err := c.rdb.ScriptLoad(ctx, s.src).Err(); err != nil {
+			if s := calls[i].s; isNoScript(cmds[i].Err) && !loaded[s] {
+				if err := c.drv.LoadScript(ctx, s.src); err != nil {
 					return cmds, short
 				}
 				loaded[s] = true

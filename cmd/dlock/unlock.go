@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/driver/goredis"
 	"github.com/dlock-go/dlock/internal/hub"
 	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
@@ -165,7 +166,7 @@ func forceUnlock(ctx context.Context, rdb redis.UniversalClient, prefix, name, t
 	// Waiters hear the release on the pub/sub the server has: the same
 	// question a library Client asks once (sharded unless SPUBLISH is unknown).
 	pub := wire.PublishSharded
-	kind, err := hub.Detect(ctx, rdb, wire.ProbeChannel(prefix))
+	kind, err := hub.Detect(ctx, goredis.New(rdb, false), wire.ProbeChannel(prefix))
 	if err != nil {
 		return res, 0, err
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/driver/goredis"
 	"github.com/dlock-go/dlock/internal/hub"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -25,7 +26,7 @@ func BenchmarkMessage(b *testing.B) {
 	pub := s.Client(b)
 	b.Run("hub", func(b *testing.B) {
 		var got counter
-		h := hub.New(s.Client(b), &got, nil, nil)
+		h := hub.New(goredis.New(s.Client(b), false), &got, nil, nil)
 		defer h.Close()
 		<-h.Want("bench")
 		publish(b, pub, &got)

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/dlock-go/dlock/internal/driver"
 )
 
 // A conn is one PubSub connection to one server, with a writer goroutine
@@ -19,7 +19,7 @@ type conn struct {
 	addr  string        // the server's address ("" unless Cluster)
 	plain bool          // it subscribes with SUBSCRIBE rather than SSUBSCRIBE (Kind Plain)
 	born  time.Time     // when it was made
-	ps    *redis.PubSub // closed by whoever drops the conn, after Hub.mu is released
+	ps    driver.PubSub // closed by whoever drops the conn, after Hub.mu is released
 	wake  chan struct{} // todo has commands; buffered 1
 	done  chan struct{} // closed when dropped: the writer ends
 
@@ -86,17 +86,13 @@ func (c *conn) kill() {
 }
 
 func (c *conn) issue(ctx context.Context, o op) error {
-	switch {
-	case o.kind == opPing:
+	switch o.kind {
+	case opPing:
 		return c.ps.Ping(ctx)
-	case c.plain && o.kind == opSub:
-		return c.ps.Subscribe(ctx, o.channel)
-	case c.plain:
-		return c.ps.Unsubscribe(ctx, o.channel)
-	case o.kind == opSub:
-		return c.ps.SSubscribe(ctx, o.channel)
+	case opSub:
+		return c.ps.Subscribe(ctx, !c.plain, o.channel)
 	default:
-		return c.ps.SUnsubscribe(ctx, o.channel)
+		return c.ps.Unsubscribe(ctx, !c.plain, o.channel)
 	}
 }
 
@@ -133,8 +129,8 @@ func (h *Hub) write(c *conn) {
 		h.mu.Unlock()
 		for _, o := range batch {
 			if err := c.issue(h.ctx, o); err != nil {
-				// go-redis may already have reconnected and resubscribed on
-				// its own; that connection is closed unread.
+				// The driver may already have reconnected and resubscribed on
+				// its own (go-redis does); that connection is closed unread.
 				h.lost(c, err)
 				return
 			}
@@ -152,21 +148,20 @@ func (h *Hub) write(c *conn) {
 func (h *Hub) read(c *conn) {
 	defer h.wg.Done()
 	for {
-		msg, err := c.ps.ReceiveTimeout(h.ctx, readTimeout)
+		ev, err := c.ps.Receive(h.ctx, readTimeout)
 		var ok bool
-		switch m := msg.(type) {
-		case *redis.Message:
-			h.handler.Message(m.Channel, m.Payload)
+		switch {
+		case err != nil:
+			ok = h.refused(c, err)
+		case ev.Type == driver.Message:
+			h.handler.Message(ev.Channel, ev.Payload)
 			continue
-		case *redis.Subscription:
-			ok = h.confirm(c, m.Kind, m.Channel)
-		case *redis.Pong:
+		case ev.Type == driver.Subscription:
+			ok = h.confirm(c, ev.Kind, ev.Channel)
+		case ev.Type == driver.Pong:
 			ok = h.pong(c)
 		default:
-			if err == nil {
-				err = fmt.Errorf("hub: unexpected %T from the server", msg)
-			}
-			ok = h.refused(c, err)
+			ok = h.refused(c, fmt.Errorf("hub: unexpected event %d from the server", ev.Type))
 		}
 		if !ok {
 			return
@@ -256,7 +251,7 @@ func (h *Hub) pong(c *conn) bool {
 // command awaiting one; anything else (a closed or broken connection, a read
 // timeout) drops c. It reports false if c has been dropped.
 func (h *Hub) refused(c *conn, err error) bool {
-	var rerr redis.Error
+	var rerr driver.ReplyError
 	if !errors.As(err, &rerr) || reconnects(err, c.addr) {
 		h.lost(c, err)
 		return false

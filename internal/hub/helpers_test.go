@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/driver/goredis"
 	"github.com/dlock-go/dlock/internal/hub"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -87,7 +88,7 @@ func startKind(t *testing.T, rdb redis.UniversalClient, kind func(context.Contex
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	rec := newRecorder()
-	h := hub.New(rdb, rec, logger, kind)
+	h := hub.New(goredis.New(rdb, false), rec, logger, kind)
 	t.Cleanup(func() {
 		h.Close()
 		if t.Failed() || os.Getenv("HUB_LOG") != "" {

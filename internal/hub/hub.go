@@ -53,8 +53,9 @@
 // channel (one in all for a single server or Sentinel), whatever the number
 // of channels, each with a reader and a writer goroutine, and one goroutine
 // for the hub. A connection left without channels is closed after 30 s.
-// Messages go from go-redis's reader straight to Handler.Message, with no
-// other goroutine or allocation in between (BenchmarkMessage).
+// Over go-redis, messages go from go-redis's reader straight to
+// Handler.Message, with no other goroutine or allocation in between
+// (BenchmarkMessage); the connections are the driver's (internal/driver).
 //
 // Commands and replies are matched by order: Redis answers the commands of
 // one connection in order, so each connection keeps the commands it sent and
@@ -74,7 +75,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/dlock-go/dlock/internal/driver"
 )
 
 const (
@@ -116,8 +117,8 @@ type Handler interface {
 // Hub is a set of wanted channels and the subscriptions that carry them. Its
 // methods are safe for concurrent use.
 type Hub struct {
-	rdb     redis.UniversalClient
-	cluster *redis.ClusterClient // rdb, if it is one
+	drv     driver.Conn
+	cluster bool // drv routes by a slot map (driver.Traits.Slots)
 	kind    func(context.Context) (Kind, error)
 	handler Handler
 	log     *slog.Logger
@@ -137,15 +138,15 @@ type Hub struct {
 // never is what Want returns after Close: it is never closed.
 var never = make(chan struct{})
 
-// New returns a hub that subscribes through rdb: a single-server or failover
-// (Sentinel) *redis.Client, or a *redis.ClusterClient. kind says which
-// pub/sub to subscribe with (Sharded on a Cluster, see IsCluster; a
-// ClusterClient of other servers may say Plain): the hub asks it before it
+// New returns a hub that subscribes through drv: a client of a single
+// server, a failover (Sentinel) client or a cluster client. kind says which
+// pub/sub to subscribe with (Sharded on a Cluster, see
+// driver.Traits.Cluster; a cluster client of other servers may say Plain): the hub asks it before it
 // places a channel, and a kind error counts as a failed subscription (retried
 // after a backoff); nil means Sharded. It should give the same answer every
 // time (see Detect). A nil logger logs nothing. New starts no goroutine
 // until the first Want; Close ends them.
-func New(rdb redis.UniversalClient, h Handler, logger *slog.Logger, kind func(context.Context) (Kind, error)) *Hub {
+func New(drv driver.Conn, h Handler, logger *slog.Logger, kind func(context.Context) (Kind, error)) *Hub {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -153,10 +154,9 @@ func New(rdb redis.UniversalClient, h Handler, logger *slog.Logger, kind func(co
 		kind = func(context.Context) (Kind, error) { return Sharded, nil }
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	cc, _ := rdb.(*redis.ClusterClient)
 	return &Hub{
-		rdb:     rdb,
-		cluster: cc,
+		drv:     drv,
+		cluster: drv.Traits().Slots,
 		kind:    kind,
 		handler: h,
 		log:     logger,

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/driver/goredis"
 	"github.com/dlock-go/dlock/internal/hub"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -27,7 +28,7 @@ func TestSingleServer(t *testing.T) {
 			t.Run(kind.String()+"/RESP"+string(rune('0'+proto)), func(t *testing.T) {
 				s := redistest.Start(t, redistest.Options{NoShardedPubSub: kind == hub.Plain})
 				rdb := s.Client(t, func(o *redis.Options) { o.Protocol = proto })
-				h, rec := startKind(t, rdb, func(ctx context.Context) (hub.Kind, error) { return hub.Detect(ctx, rdb, "probe") })
+				h, rec := startKind(t, rdb, func(ctx context.Context) (hub.Kind, error) { return hub.Detect(ctx, goredis.New(rdb, false), "probe") })
 				wanted := names("lock:", 50)
 				churn(h, names("churn:", 20), 8, 200)
 				wantAll(t, h, wanted)
@@ -53,17 +54,17 @@ func TestDetect(t *testing.T) {
 	for _, kind := range []hub.Kind{hub.Sharded, hub.Plain} {
 		s := redistest.Start(t, redistest.Options{NoShardedPubSub: kind == hub.Plain})
 		rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-		if got, err := hub.Detect(ctx, rdb, "probe"); got != kind || err != nil {
+		if got, err := hub.Detect(ctx, goredis.New(rdb, false), "probe"); got != kind || err != nil {
 			t.Errorf("Detect = %v, %v; want %v", got, err, kind)
 		}
 		s.Kill()
-		if got, err := hub.Detect(ctx, rdb, "probe"); err == nil {
+		if got, err := hub.Detect(ctx, goredis.New(rdb, false), "probe"); err == nil {
 			t.Errorf("Detect with the server down = %v, want an error", got)
 		}
 	}
 	unreachable := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
 	defer unreachable.Close()
-	if got, err := hub.Detect(ctx, unreachable, "probe"); got != hub.Sharded || err != nil {
+	if got, err := hub.Detect(ctx, goredis.New(unreachable, false), "probe"); got != hub.Sharded || err != nil {
 		t.Errorf("Detect on a Cluster = %v, %v; want sharded without asking", got, err)
 	}
 }
@@ -161,7 +162,7 @@ func TestCloseInFlight(t *testing.T) {
 	nodes := redistest.Cluster(t, 3)
 	rdb := redistest.ClusterClient(t, nodes)
 	for round := range 5 {
-		h := hub.New(rdb, newRecorder(), nil, nil)
+		h := hub.New(goredis.New(rdb, false), newRecorder(), nil, nil)
 		for _, ch := range names("lock:", 200) {
 			h.Want(ch)
 		}

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"strings"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/dlock-go/dlock/internal/driver"
 )
 
 // Kind is which pub/sub a hub subscribes with. A subscriber hears only
@@ -35,19 +35,19 @@ func (k Kind) String() string {
 	return "unknown"
 }
 
-// Detect finds out which kind of pub/sub rdb's server offers. A Cluster is
-// Sharded without asking (see IsCluster). Otherwise it
+// Detect finds out which kind of pub/sub drv's server offers. A Cluster is
+// Sharded without asking (see driver.Traits.Cluster). Otherwise it
 // publishes one empty message with SPUBLISH on probe, a channel nobody
 // subscribes to: a server that answers it does not know the command is
 // Plain; any other reply, errors such as NOPERM included, shows that it
 // knows SPUBLISH, so it is Sharded. An error means it could not tell (the
 // server did not answer): ask again later.
-func Detect(ctx context.Context, rdb redis.UniversalClient, probe string) (Kind, error) {
-	if IsCluster(rdb) {
+func Detect(ctx context.Context, drv driver.Conn, probe string) (Kind, error) {
+	if drv.Traits().Cluster {
 		return Sharded, nil
 	}
-	err := rdb.Do(ctx, "SPUBLISH", probe, "").Err()
-	var rerr redis.Error
+	_, err := drv.Do(ctx, []any{"spublish", probe, ""}, false)
+	var rerr driver.ReplyError
 	switch {
 	case err == nil:
 		return Sharded, nil
@@ -64,14 +64,4 @@ func Detect(ctx context.Context, rdb redis.UniversalClient, probe string) (Kind,
 // with: ..." (Redis quotes the name with ' and miniredis with `).
 func unknownCommand(msg string) bool {
 	return strings.HasPrefix(strings.ToLower(msg), "err unknown command")
-}
-
-// IsCluster reports whether rdb is a client of a Redis Cluster, which has
-// sharded pub/sub (dlock needs Redis 7.0 there): a ClusterClient that reads
-// its slot map from the servers. One given a ClusterSlots func instead may
-// front servers that are no Cluster (redis.NewFailoverClusterClient makes
-// one of a Sentinel-managed primary), which Detect asks like any server.
-func IsCluster(rdb redis.UniversalClient) bool {
-	cc, ok := rdb.(*redis.ClusterClient)
-	return ok && cc.Options().ClusterSlots == nil
 }

@@ -1,11 +1,10 @@
 package hub
 
 import (
-	"context"
 	"math/rand/v2"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/dlock-go/dlock/internal/driver"
 )
 
 // manage places the channels that are down or to be verified, when their
@@ -56,7 +55,7 @@ func (h *Hub) place() time.Duration {
 	}
 	where := make([]target, len(due))
 	for i, name := range due {
-		if i > 0 && h.cluster == nil {
+		if i > 0 && !h.cluster {
 			where[i] = where[0] // one server, one answer: ask kind once
 			continue
 		}
@@ -87,7 +86,7 @@ func (h *Hub) place() time.Duration {
 		case e.on == nil:
 			e.verify = false
 			h.subscribe(name, e, h.connTo(t))
-		case e.verify && h.cluster == nil:
+		case e.verify && !h.cluster:
 			// One server, so the connection itself is in doubt: after a
 			// Sentinel failover it may still be on the demoted primary,
 			// which hears nothing until the sentinels reconfigure it
@@ -123,7 +122,7 @@ func (h *Hub) tick(n int) {
 	for name, e := range h.chans {
 		if e.on != nil {
 			used[e.on] = true
-			if h.cluster != nil {
+			if h.cluster {
 				check = append(check, placed{name, e.on})
 			}
 		}
@@ -139,13 +138,13 @@ func (h *Hub) tick(n int) {
 		}
 		c.send(opPing, "")
 	}
-	reload := h.cluster != nil && len(h.chans) > 0 && n%reloadTicks == 0
+	reload := h.cluster && len(h.chans) > 0 && n%reloadTicks == 0
 	h.mu.Unlock()
 	for _, c := range idle {
 		_ = c.ps.Close()
 	}
 	if reload {
-		h.cluster.ReloadState(h.ctx)
+		h.drv.ReloadSlots()
 	}
 	var moves []placed
 	var to []target
@@ -169,32 +168,27 @@ func (h *Hub) tick(n int) {
 }
 
 // target is where a channel is to be subscribed: the server's address, the
-// client that makes PubSubs to it, and with which kind of pub/sub.
+// node that makes PubSubs to it, and with which kind of pub/sub.
 type target struct {
 	addr  string
 	plain bool
-	src   interface {
-		SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
-	}
-	err error
+	src   driver.Node
+	err   error
 }
 
 // locate returns where channel lives now: on a Cluster, the master of its
 // slot in the client's slot map; otherwise the one server, where a
 // connection of either kind hears every channel.
 func (h *Hub) locate(channel string) target {
-	k, err := h.kind(h.ctx) // Sharded at once on a Cluster (see IsCluster)
+	k, err := h.kind(h.ctx) // Sharded at once on a Cluster (see driver.Traits.Cluster)
 	if err != nil {
 		return target{err: err}
 	}
-	if h.cluster == nil {
-		return target{plain: k == Plain, src: h.rdb}
-	}
-	node, err := h.cluster.MasterForKey(h.ctx, channel)
+	node, err := h.drv.Node(h.ctx, channel) // the one server unless h.cluster
 	if err != nil {
 		return target{err: err}
 	}
-	return target{addr: node.Options().Addr, plain: k == Plain, src: node}
+	return target{addr: node.Addr(), plain: k == Plain, src: node}
 }
 
 // connTo returns the live connection to t, making it if needed. Called with
@@ -207,7 +201,7 @@ func (h *Hub) connTo(t target) *conn {
 		addr:    t.addr,
 		plain:   t.plain,
 		born:    time.Now(),
-		ps:      t.src.SSubscribe(h.ctx), // without channels: a PubSub of either kind
+		ps:      t.src.PubSub(h.ctx), // without channels: a PubSub of either kind
 		leaving: map[string]int{},
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
@@ -265,8 +259,8 @@ func (h *Hub) drop(c *conn) {
 
 // reload asks a Cluster client to reload its slot map (in the background).
 func (h *Hub) reload() {
-	if h.cluster != nil {
-		h.cluster.ReloadState(h.ctx)
+	if h.cluster {
+		h.drv.ReloadSlots()
 	}
 }
 
