@@ -120,13 +120,14 @@ const MaxNameLen = wire.MaxNameLen
 // concurrent use. Close it when done: that ends its goroutines and releases
 // the leases it still holds.
 type Client struct {
-	drv      driver.Conn   // the Redis client (nil in quorum mode)
-	tr       driver.Traits // drv's, read once
-	ttlArg   string        // DefaultTTL in ms, formatted once
-	liveArg  string        // fairLiveness in ms, formatted once
-	idleArg  string        // the idle period in ms, formatted once
-	id       string        // random, names this Client's hand-over channels
-	inflight atomic.Int64  // lock-path scripts awaiting Redis
+	drv      driver.Conn       // the Redis client (nil in quorum mode)
+	tr       driver.Traits     // drv's, read once
+	ttlArg   string            // DefaultTTL in ms, formatted once
+	liveArg  string            // fairLiveness in ms, formatted once
+	idleArg  string            // the idle period in ms, formatted once
+	id       string            // random, names this Client's hand-over channels
+	inflight atomic.Int64      // lock-path scripts awaiting Redis
+	spawn    func(func()) bool // goBg, as a func made once (a method value per call would cost an allocation)
 	cfg      clientConfig
 
 	closed    atomic.Bool
@@ -217,6 +218,7 @@ func newClient(drv driver.Conn, cfg clientConfig) *Client {
 	if drv != nil {
 		c.tr = drv.Traits()
 	}
+	c.spawn = c.goBg
 	c.id = c.tokens.next()[:12]
 	c.dog.init()
 	c.fences.init()

@@ -336,10 +336,10 @@ func resend(ctx context.Context, v any, err error, failed func(error), send func
 // writes or the slot for now). Any other error reply may come from a
 // script that stopped halfway, and is reported.
 func resendable(err error) bool {
-	var reply driver.ReplyError
 	if err == nil || isForeign(err) {
 		return false
 	}
+	var reply driver.ReplyError // declared here: it escapes, and a nil err needs none
 	if !errors.As(err, &reply) {
 		return true
 	}

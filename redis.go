@@ -193,7 +193,7 @@ func (c *Client) direct(ctx context.Context, s *script, args []any, once bool, l
 // have (runLine: an acquire, with the same token; holding.release: a
 // release).
 func (c *Client) pipelined(ctx context.Context, s *script, args []any, late func(any, error)) (any, error) {
-	v, err := c.drv.Submit(ctx, args, late, c.goBg)
+	v, err := c.drv.Submit(ctx, args, late, c.spawn)
 	if err != nil && isNoScript(err) {
 		// Load it (on every shard of a cluster) and send it again. The
 		// load goes on a pooled connection: aside, so that a server that
@@ -201,7 +201,7 @@ func (c *Client) pipelined(ctx context.Context, s *script, args []any, late func
 		if _, lerr := c.aside(ctx, func(ctx context.Context) (any, error) { return nil, c.drv.LoadScript(ctx, s.src) }, nil); lerr != nil {
 			return nil, lerr
 		}
-		v, err = c.drv.Submit(ctx, args, late, c.goBg)
+		v, err = c.drv.Submit(ctx, args, late, c.spawn)
 	}
 	return v, err
 }
