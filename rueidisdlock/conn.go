@@ -1,0 +1,256 @@
+package rueidisdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/dlock-go/dlock/internal/driver"
+	"github.com/redis/rueidis"
+)
+
+// conn is a driver.Conn over a rueidis client.
+type conn struct {
+	c      rueidis.Client
+	traits driver.Traits
+	slots  *slotMap // on a Cluster: where each slot's master is
+	one    *node    // off Cluster: the one server
+}
+
+var _ driver.Conn = (*conn)(nil)
+
+func newConn(c rueidis.Client) *conn {
+	k := &conn{c: c}
+	if c.Mode() == rueidis.ClientModeCluster {
+		k.traits.Cluster, k.traits.Slots = true, true
+		k.slots = newSlotMap(c)
+	} else {
+		k.one = &node{c: c}
+	}
+	// ContextAware false: calls are sent without the caller's
+	// cancellation (see do) and dlock waits for them aside, so that a
+	// reply that comes after ctx ended is still acted on. Resends false:
+	// rueidis resends none of dlock's commands (see the package doc).
+	return k
+}
+
+func (k *conn) Traits() driver.Traits { return k.traits }
+
+// build turns a command line (see driver) into a rueidis command, with its
+// keys marked so that a Cluster client routes it by their slot.
+func build(b rueidis.Builder, line []any) rueidis.Completed {
+	args := make([]string, len(line))
+	for i, a := range line {
+		args[i] = str(a)
+	}
+	nkeys, first := 0, 1
+	switch args[0] {
+	case "evalsha", "eval":
+		nkeys, first = atoi(args[2]), 3
+	case "exists", "spublish", "publish":
+		nkeys = 1
+	}
+	if nkeys == 0 || first+nkeys > len(args) {
+		return b.Arbitrary(args...).Build()
+	}
+	return b.Arbitrary(args[:first]...).Keys(args[first : first+nkeys]...).Args(args[first+nkeys:]...).Build()
+}
+
+func str(a any) string {
+	switch v := a.(type) {
+	case string:
+		return v
+	case *string:
+		return *v
+	case int:
+		return strconv.Itoa(v)
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case uint64:
+		return strconv.FormatUint(v, 10)
+	case []byte:
+		return string(v)
+	}
+	return fmt.Sprint(a)
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
+
+// Do implements driver.Conn. once needs nothing: rueidis resends no
+// command built with Arbitrary (see the package doc). The caller's
+// cancellation is dropped: dlock runs the call aside and takes the reply
+// whenever it comes (driver.Traits.ContextAware is false).
+func (k *conn) Do(ctx context.Context, line []any, once bool) (any, error) {
+	return reply(k.c.Do(context.WithoutCancel(ctx), build(k.c.B(), line)))
+}
+
+// Pipe implements driver.Conn. Unlike Do it keeps ctx: dlock takes no late
+// reply from a pipeline (renewals, a contended release), so a reply that
+// ctx cut short is an unknown outcome either way.
+func (k *conn) Pipe(ctx context.Context, lines [][]any, once bool) []driver.Reply {
+	return pipe(ctx, k.c, lines)
+}
+
+func pipe(ctx context.Context, c rueidis.CoreClient, lines [][]any) []driver.Reply {
+	cmds := make(rueidis.Commands, len(lines))
+	for i, l := range lines {
+		cmds[i] = build(c.B(), l)
+	}
+	out := make([]driver.Reply, len(lines))
+	for i, r := range c.DoMulti(ctx, cmds...) {
+		out[i].Val, out[i].Err = reply(r)
+	}
+	return out
+}
+
+// Submit implements driver.Conn; dlock never calls it, as Traits says
+// there is no pipeliner apart from Do (rueidis batches Do calls itself).
+func (k *conn) Submit(ctx context.Context, line []any, _ func(any, error), _ func(func()) bool) (any, error) {
+	return k.Do(ctx, line, true)
+}
+
+func (k *conn) Node(ctx context.Context, key string) (driver.Node, error) {
+	if k.slots == nil {
+		return k.one, nil
+	}
+	addr, err := k.slots.master(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	c, ok := k.c.Nodes()[addr]
+	if !ok {
+		k.slots.reload()
+		return nil, fmt.Errorf("rueidisdlock: the client has no connection to %s, the master of %q's slot", addr, key)
+	}
+	return &node{c: c, addr: addr}, nil
+}
+
+// LoadScript loads src on the one server, or on every master of a Cluster.
+func (k *conn) LoadScript(ctx context.Context, src string) error {
+	if k.slots == nil {
+		return k.c.Do(ctx, k.c.B().ScriptLoad().Script(src).Build()).Error()
+	}
+	masters, err := k.slots.masters(ctx)
+	if err != nil {
+		return err
+	}
+	nodes := k.c.Nodes()
+	for _, addr := range masters {
+		c, ok := nodes[addr]
+		if !ok {
+			return fmt.Errorf("rueidisdlock: the client has no connection to the master %s", addr)
+		}
+		if err := c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).Error(); err != nil {
+			return wrap(err)
+		}
+	}
+	return nil
+}
+
+func (k *conn) ReloadSlots() {
+	if k.slots != nil {
+		k.slots.reload()
+	}
+}
+
+// node is one primary; Pipe goes on one dedicated connection to it.
+type node struct {
+	c    rueidis.Client
+	addr string
+}
+
+func (n *node) Addr() string { return n.addr }
+
+func (n *node) Pipe(ctx context.Context, lines [][]any, once bool) []driver.Reply {
+	var out []driver.Reply
+	err := n.c.Dedicated(func(dc rueidis.DedicatedClient) error {
+		out = pipe(context.WithoutCancel(ctx), dc, lines)
+		return nil
+	})
+	if out == nil {
+		out = make([]driver.Reply, len(lines))
+		for i := range out {
+			out[i].Err = cmpErr(err, errors.New("rueidisdlock: no dedicated connection"))
+		}
+	}
+	return out
+}
+
+func (n *node) PubSub(ctx context.Context) driver.PubSub { return newPubSub(n.c) }
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// reply converts a rueidis result to the driver's shapes.
+func reply(r rueidis.RedisResult) (any, error) {
+	if err := r.Error(); err != nil {
+		return nil, wrap(err)
+	}
+	v, err := r.ToAny()
+	if err != nil {
+		return nil, wrap(err)
+	}
+	if a, ok := v.([]any); ok {
+		for i, e := range a {
+			if re, ok := e.(*rueidis.RedisError); ok {
+				a[i] = replyError{re}
+			}
+		}
+	}
+	return v, nil
+}
+
+// replyError is an error reply of the server (driver.ReplyError).
+type replyError struct{ e *rueidis.RedisError }
+
+func (r replyError) Error() string {
+	if r.e.IsNil() {
+		return "redis: nil"
+	}
+	return r.e.Error()
+}
+
+func (replyError) RedisError() {}
+
+func (r replyError) Unwrap() error { return r.e }
+
+// wrap marks rueidis's error replies as driver.ReplyError; any other error
+// is a failure to get a reply and stays as it is.
+func wrap(err error) error {
+	if re, ok := rueidis.IsRedisErr(err); ok {
+		return replyError{re}
+	}
+	return err
+}
+
+// hashSlot is Redis Cluster's slot of key: CRC16 (XMODEM) of the key, or
+// of its hash tag (the part between the first '{' and the next '}', if not
+// empty), mod 16384.
+func hashSlot(key string) uint16 {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for b := 0; b < 8; b++ {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc % 16384
+}

@@ -1,0 +1,175 @@
+package rueidisdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock/internal/driver"
+	"github.com/redis/rueidis"
+)
+
+// pubsub is a driver.PubSub over one dedicated rueidis connection in RESP3,
+// with pub/sub hooks: the hooks hear messages, subscribe confirmations and
+// the unsubscribes a server sends on its own, on rueidis's reader; a
+// command's own reply (a refusal, a PONG) is queued by the caller after its
+// Do returns. Commands are sent one at a time and rueidis runs the hooks of
+// a reply before it completes the Do that awaits it, so the events come out
+// in the order the server sent them, as the hub needs.
+type pubsub struct {
+	src rueidis.Client
+
+	mu     sync.Mutex
+	dc     rueidis.DedicatedClient // nil until the first command (guarded by mu)
+	events chan driver.Event
+	errs   chan error // refusals, queued in order with events (see event)
+	dead   chan struct{}
+	err    error // why dead was closed
+	closed sync.Once
+	timer  *time.Timer // Receive's, reused (one reader)
+}
+
+var errDropped = errors.New("rueidisdlock: subscription connection closed")
+
+func newPubSub(src rueidis.Client) *pubsub {
+	return &pubsub{src: src, events: make(chan driver.Event, 64), errs: make(chan error, 64), dead: make(chan struct{})}
+}
+
+// conn returns the dedicated connection, made on first use, or nil once
+// the pubsub is dead.
+func (p *pubsub) conn() rueidis.DedicatedClient {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.dead:
+		return nil
+	default:
+	}
+	if p.dc == nil {
+		dc, cancel := p.src.Dedicate()
+		p.dc = dc
+		lost := dc.SetPubSubHooks(rueidis.PubSubHooks{
+			OnMessage: func(m rueidis.PubSubMessage) {
+				p.put(driver.Event{Type: driver.Message, Channel: m.Channel, Payload: m.Message})
+			},
+			OnSubscription: func(s rueidis.PubSubSubscription) {
+				p.put(driver.Event{Type: driver.Subscription, Kind: s.Kind, Channel: s.Channel})
+			},
+		})
+		go func() {
+			select {
+			case err := <-lost:
+				p.kill(cmpErr(err, errDropped))
+			case <-p.dead:
+			}
+			cancel()
+		}()
+	}
+	return p.dc
+}
+
+// put queues an event unless the connection is dead (the reader must
+// never block for a connection nobody reads).
+func (p *pubsub) put(e driver.Event) {
+	select {
+	case p.events <- e:
+	case <-p.dead:
+	}
+}
+
+// refuse queues an error reply in order with the events: as an event of
+// type 0 whose Payload is looked up in errs.
+func (p *pubsub) refuse(err error) {
+	select {
+	case p.errs <- err:
+		p.put(driver.Event{})
+	case <-p.dead:
+	}
+}
+
+func (p *pubsub) kill(err error) {
+	p.closed.Do(func() {
+		p.err = err
+		p.mu.Lock()
+		close(p.dead)
+		dc := p.dc
+		p.mu.Unlock()
+		if dc != nil {
+			dc.Close()
+		}
+	})
+}
+
+// send runs one command on the connection. An error reply is queued for
+// Receive (the hub's refusal); any other error fails the connection.
+func (p *pubsub) send(ctx context.Context, cmd func(rueidis.Builder) rueidis.Completed, pong bool) error {
+	dc := p.conn()
+	if dc == nil {
+		<-p.dead
+		return p.err
+	}
+	err := dc.Do(ctx, cmd(dc.B())).Error()
+	if err == nil {
+		if pong {
+			p.put(driver.Event{Type: driver.Pong})
+		}
+		return nil
+	}
+	if _, ok := rueidis.IsRedisErr(err); ok {
+		p.refuse(wrap(err))
+		return nil
+	}
+	p.kill(err)
+	return err
+}
+
+func (p *pubsub) Subscribe(ctx context.Context, sharded bool, channel string) error {
+	return p.send(ctx, func(b rueidis.Builder) rueidis.Completed {
+		if sharded {
+			return b.Ssubscribe().Channel(channel).Build()
+		}
+		return b.Subscribe().Channel(channel).Build()
+	}, false)
+}
+
+func (p *pubsub) Unsubscribe(ctx context.Context, sharded bool, channel string) error {
+	return p.send(ctx, func(b rueidis.Builder) rueidis.Completed {
+		if sharded {
+			return b.Sunsubscribe().Channel(channel).Build()
+		}
+		return b.Unsubscribe().Channel(channel).Build()
+	}, false)
+}
+
+func (p *pubsub) Ping(ctx context.Context) error {
+	return p.send(ctx, func(b rueidis.Builder) rueidis.Completed { return b.Ping().Build() }, true)
+}
+
+func (p *pubsub) Receive(ctx context.Context, timeout time.Duration) (driver.Event, error) {
+	if p.timer == nil {
+		p.timer = time.NewTimer(timeout)
+	} else {
+		p.timer.Reset(timeout)
+	}
+	defer p.timer.Stop()
+	select {
+	case e := <-p.events:
+		if e.Type == 0 {
+			return e, <-p.errs
+		}
+		return e, nil
+	case <-p.dead:
+		return driver.Event{}, p.err
+	case <-ctx.Done():
+		return driver.Event{}, ctx.Err()
+	case <-p.timer.C:
+		return driver.Event{}, fmt.Errorf("rueidisdlock: nothing received within %v", timeout)
+	}
+}
+
+func (p *pubsub) Close() error {
+	p.kill(errDropped)
+	return nil
+}

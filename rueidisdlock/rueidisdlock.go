@@ -1,0 +1,60 @@
+// Package rueidisdlock runs dlock over a rueidis client
+// (github.com/redis/rueidis) instead of go-redis: a single server, a
+// Sentinel-managed primary (rueidis.ClientOption.Sentinel) or a Redis
+// Cluster. The Client it returns is a *dlock.Client like any other, with the
+// same guarantees; only this package imports rueidis, so a program that uses
+// dlock with go-redis never compiles it.
+//
+// What differs from go-redis, and why:
+//
+//   - rueidis pipelines every command of its client by itself (its
+//     auto-pipelining), so WithAutoPipeline has no effect here.
+//   - A lock call is bounded by its ctx the way dlock bounds a go-redis
+//     client without ContextTimeoutEnabled: the command is sent without the
+//     caller's cancellation, the call returns when ctx ends, and the reply,
+//     when it comes, is still acted on (a grant that came too late is given
+//     back rather than left to its TTL). A command on a connection that
+//     stops answering fails when rueidis gives the connection up
+//     (ClientOption.ConnWriteTimeout, 10 s by default).
+//   - rueidis never resends the commands dlock sends (they are built with
+//     Arbitrary, which rueidis does not mark retryable): a release is sent
+//     once and dlock decides whether to send it again, knowing that it did
+//     (a release resent after a lost reply answers "not the owner", which
+//     dlock must not take for a lost lease); an acquire whose reply was lost
+//     is resent by dlock with the same token. MOVED and ASK replies are
+//     followed, as go-redis does: they say the command did not run.
+//     ClientOption.ConnLifetime must stay 0 (its default): rueidis resends
+//     any command whose connection it retired by lifetime, whether or not
+//     it ran.
+//   - Subscriptions use RESP3 push on one dedicated connection per server
+//     (per Cluster master), with pub/sub hooks, so that dlock sees every
+//     subscribe confirmed and every unsubscribe the server sends (a Cluster
+//     node does when a slot moves); Client.Receive reports neither.
+//   - WithReplicaAck sends WAIT on a dedicated connection, after the write
+//     it counts. Its timeout is not checked against the client's read
+//     timeout (rueidis does not say what it is): keep it well below
+//     ConnWriteTimeout.
+//   - Quorum mode (dlock.NewQuorum) takes go-redis clients only.
+package rueidisdlock
+
+import (
+	"fmt"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/driver"
+	"github.com/redis/rueidis"
+)
+
+// New returns a dlock Client over client, with dlock's options. The Client
+// does not own client: Close leaves it open. It fails only if client is
+// nil; a server that cannot be reached shows in the lock calls, as with
+// dlock.New.
+func New(client rueidis.Client, opts ...dlock.Option) (*dlock.Client, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: rueidisdlock.New: the rueidis client is nil", dlock.ErrInvalidArgument)
+	}
+	// driver.Attach is set by dlock's init (this package imports dlock):
+	// it makes a Client over a driver without dlock exporting a
+	// constructor that names internal types.
+	return driver.Attach(newConn(client), opts).(*dlock.Client), nil
+}
