@@ -81,8 +81,17 @@ func (s *script) line(keys []string, args []any) []any {
 
 // run executes the script, sending its source only when the server does not
 // have it cached (after a restart, failover or SCRIPT FLUSH).
+//
+// A call made this way may be sent again after a failure: go-redis does so
+// by itself, and for a driver that does not (driver.Traits.Resends) run
+// does so as go-redis would, up to releaseResends times while ctx lasts.
 func (s *script) run(ctx context.Context, d driver.Conn, keys []string, args ...any) (any, error) {
-	return s.do(ctx, d, s.line(keys, args), false)
+	line := s.line(keys, args)
+	v, err := s.do(ctx, d, line, false)
+	if err != nil && !d.Traits().Resends {
+		v, err = resend(ctx, v, err, nil, func() (any, error) { return s.do(ctx, d, line, false) })
+	}
+	return v, err
 }
 
 // do runs a script from a prepared command line (see cmdline); once: the
