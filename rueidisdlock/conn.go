@@ -212,11 +212,21 @@ func reply(r rueidis.RedisResult) (any, error) {
 // replyError is an error reply of the server (driver.ReplyError).
 type replyError struct{ e *rueidis.RedisError }
 
+// Error is the server's error line, as go-redis gives it: rueidis drops
+// the code "ERR " from the front of every error, and dlock (as users who
+// read its errors) matches lines as Redis sends them ("ERR unknown
+// command", "ERR max number of clients"). Every error line begins with its
+// code, a word in capitals, so a line that no longer does had "ERR ".
 func (r replyError) Error() string {
 	if r.e.IsNil() {
 		return "redis: nil"
 	}
-	return r.e.Error()
+	msg := r.e.Error()
+	code, _, _ := strings.Cut(msg, " ")
+	if code == "" || strings.TrimLeft(code, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != "" {
+		return "ERR " + msg
+	}
+	return msg
 }
 
 func (replyError) RedisError() {}
