@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -147,9 +148,32 @@ func (r *Replicated) Addrs() []string {
 // when the test ends.
 func (r *Replicated) Client(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: SentinelMaster, SentinelAddrs: r.Addrs()})
+	c := NewFailoverClient(&redis.FailoverOptions{MasterName: SentinelMaster, SentinelAddrs: r.Addrs()})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// failovers remembers the options of the failover clients NewFailoverClient
+// made, by client.
+var failovers sync.Map
+
+// NewFailoverClient is redis.NewFailoverClient, and remembers o for
+// FailoverOptionsOf: a test that makes a client of another library to the
+// same servers needs the sentinels and the master's name, which a go-redis
+// failover client does not tell.
+func NewFailoverClient(o *redis.FailoverOptions) *redis.Client {
+	c := redis.NewFailoverClient(o)
+	failovers.Store(c, o)
+	return c
+}
+
+// FailoverOptionsOf returns the options NewFailoverClient made c with.
+func FailoverOptionsOf(c *redis.Client) (*redis.FailoverOptions, bool) {
+	o, ok := failovers.Load(c)
+	if !ok {
+		return nil, false
+	}
+	return o.(*redis.FailoverOptions), true
 }
 
 // Failover asks a sentinel to promote the replica and waits until every
