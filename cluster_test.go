@@ -45,7 +45,7 @@ func TestClusterEveryPrimitive(t *testing.T) {
 	ctx := ctxT(t, 60*time.Second)
 	var clients []*dlock.Client
 	for i := 0; i < 2; i++ {
-		c := dlock.New(rdb)
+		c := newDlock(t, rdb)
 		t.Cleanup(func() { _ = c.Close() })
 		clients = append(clients, c)
 	}

@@ -37,7 +37,7 @@ func startClusterWake(t *testing.T, perMaster int) *clusterWake {
 		w.nodes = append(w.nodes, rs...)
 	}
 	w.rdb = redistest.ClusterClient(t, w.masters)
-	w.a, w.b = dlock.New(w.rdb), dlock.New(w.rdb)
+	w.a, w.b = newDlock(t, w.rdb), newDlock(t, w.rdb)
 	t.Cleanup(func() { _ = w.a.Close(); _ = w.b.Close() })
 	count := map[*redistest.Server]int{}
 	slots := map[int]bool{}

@@ -121,9 +121,9 @@ func fault5DoubleGrant(t *testing.T, topo fault5Topology) {
 	const ttl = 30 * time.Second
 	const name = "fault5"
 	ctx := ctxT(t, 60*time.Second)
-	first := dlock.New(topo.client(t))
+	first := newDlock(t, topo.client(t))
 	t.Cleanup(func() { _ = first.Close() })
-	second := dlock.New(topo.client(t))
+	second := newDlock(t, topo.client(t))
 	t.Cleanup(func() { _ = second.Close() })
 
 	granted := make(chan struct{}) // closed at the second grant
@@ -248,8 +248,8 @@ func fault5WithReplicaAck(t *testing.T, start func() fault5Topology) {
 	for round := range rounds {
 		name := fmt.Sprintf("fault5-ack-%d", round)
 		link := topo.link(t, wire.HashKey(wire.DefaultPrefix, name))
-		first := dlock.New(topo.client(t), dlock.WithReplicaAck(1, 300*time.Millisecond))
-		second := dlock.New(topo.client(t))
+		first := newDlock(t, topo.client(t), dlock.WithReplicaAck(1, 300*time.Millisecond))
+		second := newDlock(t, topo.client(t))
 		moment := (round + int(seed%3)) % 3 // each moment once in three rounds
 		delay := time.Duration(rng.Int64N(int64(8 * time.Millisecond)))
 		held := make(chan struct{})
@@ -348,9 +348,9 @@ func TestFault6IsolatedPrimary(t *testing.T) {
 	r := redistest.StartReplicatedVia(t)
 	ctx := ctxT(t, 60*time.Second)
 	r.Primary.Do(t, "CONFIG", "SET", "min-replicas-to-write", "1", "min-replicas-max-lag", "1")
-	plain := dlock.New(r.Client(t))
+	plain := newDlock(t, r.Client(t))
 	t.Cleanup(func() { _ = plain.Close() })
-	acked := dlock.New(r.Client(t), dlock.WithReplicaAck(1, 200*time.Millisecond))
+	acked := newDlock(t, r.Client(t), dlock.WithReplicaAck(1, 200*time.Millisecond))
 	t.Cleanup(func() { _ = acked.Close() })
 	l, err := plain.Mutex("before").TryLock(ctx)
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 func newClient(t testing.TB, s *redistest.Server, opts ...dlock.Option) (*dlock.Client, *redis.Client) {
 	t.Helper()
 	rdb := s.Client(t)
-	c := dlock.New(rdb, opts...)
+	c := newDlock(t, rdb, opts...)
 	t.Cleanup(func() { _ = c.Close() })
 	return c, rdb
 }
@@ -182,7 +182,7 @@ func TestUnreachableServer(t *testing.T) {
 	s := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	defer rdb.Close()
-	c := dlock.New(rdb)
+	c := newDlock(t, rdb)
 	defer c.Close()
 	s.Kill()
 	ctx := ctxT(t, 10*time.Second)

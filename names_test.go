@@ -174,7 +174,7 @@ func TestPrefixWithEmptyHashTag(t *testing.T) {
 	s := redistest.Start(t)
 	ctx := ctxT(t, 5*time.Second)
 	for prefix, ok := range map[string]bool{"x{}": false, "{}": false, "a{}{b}": false, "a{": true, "a{b}:": true, "}{": true} {
-		c := dlock.New(s.Client(t), dlock.WithPrefix(prefix))
+		c := newDlock(t, s.Client(t), dlock.WithPrefix(prefix))
 		for _, p := range exclusives {
 			l, err := p.hold(c, p.kind)(ctx)
 			switch {

@@ -226,7 +226,7 @@ func TestPassCloseRace(t *testing.T) {
 	end := time.Now().Add(8 * time.Second)
 	passes := 0
 	for i := 0; i < 40 && time.Now().Before(end); i++ {
-		c := dlock.New(rdb)
+		c := newDlock(t, rdb)
 		name := "close" + string(rune('a'+i%26)) + string(rune('a'+i/26))
 		var fences sync.Map
 		stop := time.Duration(2+r.IntN(20)) * time.Millisecond

@@ -132,7 +132,7 @@ func TestQuorumBadSettings(t *testing.T) {
 		}
 	}
 	// Quorum options on a one-server Client are refused by its locks.
-	one := dlock.New(rdbs[0], dlock.WithRestartDelay(time.Second))
+	one := newDlock(t, rdbs[0], dlock.WithRestartDelay(time.Second))
 	defer one.Close()
 	if _, err := one.Mutex("x").TryLock(ctx); !errors.Is(err, dlock.ErrInvalidArgument) || !strings.Contains(err.Error(), "NewQuorum only") {
 		t.Errorf("WithRestartDelay on New: %v", err)

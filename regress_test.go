@@ -19,6 +19,7 @@ import (
 // NOSCRIPT reply instead of the script's work.
 func faultyClient(t testing.TB, s *redistest.Server, rules ...faults.Rule) (*dlock.Client, *faults.Injector) {
 	t.Helper()
+	skipOnRueidis(t, "faults are injected by a go-redis hook (internal/faults), which a rueidis client cannot carry")
 	loadScripts(t, s.Client(t))
 	in := faults.New(faults.Config{Scripts: faults.EngineScripts(), Rules: rules, MaxDelay: 5 * time.Second})
 	rdb := s.Client(t)

@@ -39,7 +39,7 @@ func primaryAndReplicaVia(t testing.TB) (p, r *redistest.Server, pc, rc *redis.C
 func TestReplicaAckGrantIsOnTheReplica(t *testing.T) {
 	_, _, pc, rc := primaryAndReplica(t)
 	ctx := ctxT(t, 30*time.Second)
-	c := dlock.New(pc, dlock.WithReplicaAck(1, time.Second))
+	c := newDlock(t, pc, dlock.WithReplicaAck(1, time.Second))
 	t.Cleanup(func() { _ = c.Close() })
 	onReplica := func(what, key, token string) {
 		t.Helper()
@@ -91,9 +91,9 @@ func TestReplicaAckGrantIsOnTheReplica(t *testing.T) {
 func TestReplicaAckFailsClosed(t *testing.T) {
 	_, replica, pc, _ := primaryAndReplica(t)
 	ctx := ctxT(t, 60*time.Second)
-	c := dlock.New(pc, dlock.WithReplicaAck(1, 500*time.Millisecond))
+	c := newDlock(t, pc, dlock.WithReplicaAck(1, 500*time.Millisecond))
 	t.Cleanup(func() { _ = c.Close() })
-	other := dlock.New(pc) // no acknowledgement: its grants are not held back
+	other := newDlock(t, pc) // no acknowledgement: its grants are not held back
 	t.Cleanup(func() { _ = other.Close() })
 	free := func(what, key string) {
 		t.Helper()
@@ -273,7 +273,7 @@ func BenchmarkReplicaAck(b *testing.B) {
 func TestReplicaAckOnCluster(t *testing.T) {
 	w := startClusterWake(t, 1)
 	ctx := ctxT(t, 60*time.Second)
-	c := dlock.New(w.rdb, dlock.WithReplicaAck(1, time.Second))
+	c := newDlock(t, w.rdb, dlock.WithReplicaAck(1, time.Second))
 	t.Cleanup(func() { _ = c.Close() })
 	replicaOf := func(name string) *redistest.Server {
 		owner := w.owner(t, name)

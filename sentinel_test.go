@@ -18,7 +18,7 @@ func TestSentinelFailover(t *testing.T) {
 	ctx := ctxT(t, 90*time.Second)
 	var clients []*dlock.Client
 	for i := 0; i < 2; i++ {
-		c := dlock.New(r.Client(t))
+		c := newDlock(t, r.Client(t))
 		t.Cleanup(func() { _ = c.Close() })
 		clients = append(clients, c)
 	}

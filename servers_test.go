@@ -80,7 +80,7 @@ func TestBasicsOnEveryServer(t *testing.T) {
 func basics(t *testing.T, be backend, p exclusive) {
 	ctx := ctxT(t, time.Minute)
 	rdb := be.client(t)
-	c1, c2 := dlock.New(be.client(t)), dlock.New(be.client(t))
+	c1, c2 := newDlock(t, be.client(t)), newDlock(t, be.client(t))
 	t.Cleanup(func() { _ = c1.Close(); _ = c2.Close() })
 	name := "basics-" + p.kind
 
@@ -243,7 +243,7 @@ func TestPubSubAskedOncePerClient(t *testing.T) {
 	if _, err := probes.Receive(ctx); err != nil { // the confirmation
 		t.Fatal(err)
 	}
-	for _, c := range []*dlock.Client{dlock.New(s.Client(t)), dlock.New(s.Client(t))} {
+	for _, c := range []*dlock.Client{newDlock(t, s.Client(t)), newDlock(t, s.Client(t))} {
 		for range 20 {
 			for _, p := range exclusives {
 				l, err := p.hold(c, "asked-once-"+p.kind)(ctx)
@@ -336,7 +336,7 @@ func TestMiniredisTime(t *testing.T) {
 	// The README's lines for a unit test, as they are there.
 	mr := miniredis.RunT(t) // an in-process server, closed when the test ends
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	locks := dlock.New(rdb)
+	locks := newDlock(t, rdb)
 	t.Cleanup(func() { locks.Close(); rdb.Close() })
 
 	c := locks
@@ -390,7 +390,7 @@ func TestClusterClientOfPlainServers(t *testing.T) {
 				return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: s.Addr()}}}}, nil
 			},
 		})
-		c := dlock.New(cc)
+		c := newDlock(t, cc)
 		t.Cleanup(func() { _ = c.Close(); _ = cc.Close() })
 		return c
 	}

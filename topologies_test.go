@@ -108,7 +108,7 @@ func (s *site) clientVia(t *testing.T, dial dialer, opts ...dlock.Option) (*dloc
 	t.Helper()
 	name := fmt.Sprintf("dlock-test-%d", s.made.Add(1))
 	rdb := s.newRedis(t, name, dial)
-	c := dlock.New(rdb, opts...)
+	c := newDlock(t, rdb, opts...)
 	t.Cleanup(func() { _ = c.Close() })
 	if s.names == nil {
 		s.names = map[*dlock.Client]string{}
@@ -170,7 +170,7 @@ func startR(t *testing.T) *site {
 	return &site{
 		child: "sentinel:" + strings.Join(r.Addrs(), ","),
 		newRedis: func(t *testing.T, name string, dial dialer) redis.UniversalClient {
-			c := redis.NewFailoverClient(&redis.FailoverOptions{
+			c := redistest.NewFailoverClient(&redis.FailoverOptions{
 				MasterName: redistest.SentinelMaster, SentinelAddrs: r.Addrs(),
 				ClientName: name, Dialer: dial,
 			})

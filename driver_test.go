@@ -1,0 +1,115 @@
+package dlock_test
+
+import (
+	"context"
+	"crypto/tls"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/rueidisdlock"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+)
+
+// driverEnv names the driver the tests run dlock over: unset (go-redis,
+// dlock.New) or "rueidis" (rueidisdlock.New over a rueidis client to the
+// same servers). make test runs the package once with each.
+const driverEnv = "DLOCK_DRIVER"
+
+func onRueidis() bool { return os.Getenv(driverEnv) == "rueidis" }
+
+// newDlock returns a Client over rdb's servers through the driver
+// DLOCK_DRIVER names: dlock.New(rdb) by default; with rueidis, a rueidis
+// client made from rdb's options (its address, or its cluster's, or its
+// sentinels' and master's; its dialer, which may lead through a fault
+// proxy; its name, credentials, TLS and read timeout), closed when the
+// test ends. The caller closes the Client, as after dlock.New.
+func newDlock(t testing.TB, rdb redis.UniversalClient, opts ...dlock.Option) *dlock.Client {
+	t.Helper()
+	if !onRueidis() {
+		return dlock.New(rdb, opts...)
+	}
+	rc, err := rueidis.NewClient(rueidisOptions(t, rdb))
+	if err != nil {
+		t.Fatalf("%s=rueidis: a rueidis client for %T: %v", driverEnv, rdb, err)
+	}
+	t.Cleanup(rc.Close)
+	c, err := rueidisdlock.New(rc, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// skipOnRueidis skips a test that cannot run over rueidis, saying why.
+func skipOnRueidis(t testing.TB, why string) {
+	t.Helper()
+	if onRueidis() {
+		t.Skipf("%s=rueidis: %s", driverEnv, why)
+	}
+}
+
+// rueidisOptions reads what a rueidis client needs from a go-redis one.
+func rueidisOptions(t testing.TB, rdb redis.UniversalClient) rueidis.ClientOption {
+	t.Helper()
+	o := rueidis.ClientOption{
+		// dlock never uses client-side caching; tracking would cost every
+		// connection a CLIENT TRACKING.
+		DisableCache: true,
+	}
+	dialer := func(d func(ctx context.Context, network, addr string) (net.Conn, error)) {
+		if d != nil {
+			o.DialCtxFn = func(ctx context.Context, addr string, _ *net.Dialer, _ *tls.Config) (net.Conn, error) {
+				return d(ctx, "tcp", addr)
+			}
+		}
+	}
+	switch r := rdb.(type) {
+	case *redis.Client:
+		if fo, ok := redistest.FailoverOptionsOf(r); ok {
+			o.InitAddress = fo.SentinelAddrs
+			o.Sentinel = rueidis.SentinelOption{MasterSet: fo.MasterName, Username: fo.SentinelUsername, Password: fo.SentinelPassword}
+			o.Username, o.Password, o.ClientName, o.TLSConfig, o.SelectDB = fo.Username, fo.Password, fo.ClientName, fo.TLSConfig, fo.DB
+			dialer(fo.Dialer)
+			setTimeout(&o, fo.ReadTimeout)
+			return o
+		}
+		ro := r.Options()
+		if ro.Addr == "FailoverClient" {
+			t.Fatalf("%s=rueidis: a failover client not made by redistest.NewFailoverClient: its sentinels are unknown", driverEnv)
+		}
+		o.InitAddress, o.ForceSingleClient = []string{ro.Addr}, true
+		o.Username, o.Password, o.ClientName, o.TLSConfig, o.SelectDB = ro.Username, ro.Password, ro.ClientName, ro.TLSConfig, ro.DB
+		dialer(ro.Dialer)
+		setTimeout(&o, ro.ReadTimeout)
+	case *redis.ClusterClient:
+		co := r.Options()
+		if co.ClusterSlots != nil {
+			t.Skipf("%s=rueidis: a ClusterClient given its slots (ClusterSlots) has no rueidis counterpart", driverEnv)
+		}
+		o.InitAddress = co.Addrs
+		o.Username, o.Password, o.ClientName, o.TLSConfig = co.Username, co.Password, co.ClientName, co.TLSConfig
+		dialer(co.Dialer)
+		setTimeout(&o, co.ReadTimeout)
+	default:
+		t.Skipf("%s=rueidis: a %T has no rueidis counterpart", driverEnv, rdb)
+	}
+	return o
+}
+
+// setTimeout gives rueidis the go-redis client's read timeout (0: go-redis's
+// default, 3s) as the bound on a connection that stops answering
+// (ConnWriteTimeout also times its keep-alive PING): the fault tests pause
+// servers and count on go-redis's bound.
+func setTimeout(o *rueidis.ClientOption, read time.Duration) {
+	switch {
+	case read == 0:
+		o.ConnWriteTimeout = 3 * time.Second
+	case read > 0:
+		o.ConnWriteTimeout = read
+	}
+}
