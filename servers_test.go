@@ -336,7 +336,7 @@ func TestMiniredisTime(t *testing.T) {
 	// The README's lines for a unit test, as they are there.
 	mr := miniredis.RunT(t) // an in-process server, closed when the test ends
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	locks := newDlock(t, rdb)
+	locks := dlock.New(rdb)
 	t.Cleanup(func() { locks.Close(); rdb.Close() })
 
 	c := locks
