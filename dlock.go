@@ -95,6 +95,12 @@
 //
 // NewQuorum takes every lock on a majority of independent masters (the
 // Redlock algorithm), for a Mutex; see NewQuorum for what it assumes.
+//
+// # Other client libraries
+//
+// New takes a go-redis v9 client. Package rueidisdlock makes the same Client
+// over a rueidis client instead, with the same guarantees; this package does
+// not import rueidis.
 package dlock
 
 import (
