@@ -322,8 +322,13 @@ func (w *resumedWatch) saw(cmds []redis.Cmder) {
 		if reply, _ := cmd.Val().([]any); len(reply) == 2 && reply[0] == int64(1) {
 			f, _ := reply[1].(int64)
 			w.granted = append(w.granted, uint64(f))
-			if i+1 < len(cmds) {
-				if wait, ok := cmds[i+1].(*redis.IntCmd); ok && wait.Name() == "wait" {
+			if i+1 < len(cmds) && cmds[i+1].Name() == "wait" {
+				// The driver sends WAIT as a generic command (internal/driver/goredis).
+				switch wait := cmds[i+1].(type) {
+				case *redis.Cmd:
+					n, _ := wait.Int64()
+					w.waited = append(w.waited, n)
+				case *redis.IntCmd:
 					w.waited = append(w.waited, wait.Val())
 				}
 			}
