@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"net"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,5 +113,22 @@ func setTimeout(o *rueidis.ClientOption, read time.Duration) {
 		o.ConnWriteTimeout = 3 * time.Second
 	case read > 0:
 		o.ConnWriteTimeout = read
+	}
+}
+
+// TestGoRedisBuildHasNoRueidis: a program that uses dlock with go-redis
+// never compiles rueidis; only rueidisdlock imports it.
+func TestGoRedisBuildHasNoRueidis(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, out)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if strings.HasPrefix(pkg, "github.com/redis/rueidis") {
+			t.Fatalf("package dlock depends on %s", pkg)
+		}
+	}
+	if !strings.Contains(string(out), "github.com/redis/go-redis/v9") {
+		t.Fatal("go list -deps does not list go-redis either: the check sees nothing")
 	}
 }
