@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/dlock-go/dlock/internal/wire"
+	"github.com/redis/go-redis/v9"
 )
 
 // Sentinel errors. Every error dlock returns wraps one of these (or a
@@ -108,4 +111,44 @@ func scriptErr(key, kind string, err error) error {
 		return &foreignError{fmt.Sprintf("Redis key %q is not a hash, so not a dlock %s", key, kind)}
 	}
 	return err
+}
+
+// scriptACLRefusal is how Redis 7 words a command that a script ran and
+// the user's ACL refused; it names neither the command nor, by name, the
+// script (only its SHA).
+const scriptACLRefusal = "can't run this command or subcommand"
+
+// refused reports a command the server refused for the user's ACL
+// (NOPERM, or the refusal of a command a script ran) or for its
+// authentication (NOAUTH, WRONGPASS): retrying cannot cure it.
+func refused(err error) bool {
+	var rerr redis.Error
+	if err == nil || !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	for _, p := range []string{"NOPERM", "NOAUTH", "WRONGPASS"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return strings.Contains(msg, scriptACLRefusal)
+}
+
+// explainRefusal adds, to a refusal of a command that one of dlock's
+// scripts ran, which script it was and where the commands the ACL must
+// allow are listed; other errors are returned as they are. Redis's own
+// NOPERM replies already name the command, keys or channels refused.
+func explainRefusal(err error) error {
+	if err == nil || !refused(err) || !strings.Contains(err.Error(), scriptACLRefusal) {
+		return err
+	}
+	name := "a dlock script"
+	for _, s := range wire.Scripts() {
+		if strings.Contains(err.Error(), s.SHA) {
+			name = "dlock's script " + s.Name + ".lua"
+			break
+		}
+	}
+	return fmt.Errorf("the Redis user may not run a command that %s runs (%w); the ACL must allow every command listed in docs/PRODUCTION.md", name, err)
 }
