@@ -57,6 +57,9 @@ func (c *Client) pubsubReady(ctx context.Context) error {
 	v, err := c.aside(ctx, func(ctx context.Context) (any, error) {
 		return hub.Detect(ctx, c.rdb, wire.ProbeChannel(c.cfg.prefix))
 	}, nil)
+	if badCertificate(err) {
+		return err // explainRefusal says what to fix
+	}
 	if err != nil && refused(err) {
 		// No channel (or no SPUBLISH) permission: waiters would never be
 		// notified and releases could not notify them. Fail closed, here,
