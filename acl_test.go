@@ -252,3 +252,39 @@ func missingPiece(t *testing.T, s *redistest.Server, holder *dlock.Client, p exc
 		t.Errorf("%s: %s held (owner %q, permits held %q) by a user the server refuses", p.kind, free, o, u)
 	}
 }
+
+// A user that may publish but not subscribe is refused only its
+// subscriptions: its waiters are not notified, yet still get the lock once
+// it is free, by their own looks (a degraded mode, not a hang).
+func TestACLNoSubscribeStillExclusive(t *testing.T) {
+	s := redistest.Start(t)
+	acl := without(t, without(t, docACL(t, "dlock", aclPassword), "+ssubscribe"), "+subscribe")
+	setACL(t, acl, s)
+	holder, admin := newClient(t, s)
+	user := dlock.New(s.Client(t, asUser("dlock", aclPassword)))
+	defer user.Close()
+	ctx := ctxT(t, time.Minute)
+	for _, p := range exclusives {
+		name := "nosub-" + p.kind
+		held, err := p.hold(holder, name)(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting := async(t, ctx, p.wait(user, name))
+		waitLine(t, ctx, admin, wire.HashKey(wire.DefaultPrefix, name), 1)
+		if err := held.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l, err := waiting()
+		if err != nil {
+			t.Fatalf("%s: the waiter refused its subscriptions: %v", p.kind, err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Errorf("%s: Unlock: %v", p.kind, err)
+		}
+	}
+	entries, _ := s.Do(t, "ACL", "LOG").([]any)
+	if len(entries) == 0 {
+		t.Error("the ACL LOG is empty: the subscriptions were not refused, so this test shows nothing")
+	}
+}
