@@ -82,3 +82,20 @@ func TestTLSUntrusted(t *testing.T) {
 		})
 	}
 }
+
+// Every primitive works on a Redis Cluster whose nodes speak TLS only,
+// the cluster bus included, with client certificates: the slot map, each
+// master's sharded subscriptions and the scripts all go over TLS.
+func TestTLSClusterEveryPrimitive(t *testing.T) {
+	certs := testcert.New(t)
+	nodes := redistest.Cluster(t, 3, redistest.Options{TLS: certs, TLSAuthClients: true})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	var renewals atomic.Int64
+	a := dlock.New(redistest.ClusterClient(t, nodes))
+	defer a.Close()
+	countRenewals(a, &renewals)
+	b := dlock.New(redistest.ClusterClient(t, nodes))
+	defer b.Close()
+	everyPrimitive(t, ctx, a, b, &renewals, redistest.ClusterClient(t, nodes), func(*dlock.Lease) {})
+}

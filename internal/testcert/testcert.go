@@ -100,7 +100,8 @@ func newCerts(dir string) (*Certs, error) {
 		Subject:      pkix.Name{CommonName: "localhost"},
 		DNSNames:     []string{"localhost"},
 		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		// Client auth too: a cluster node presents it on the bus.
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
 	if _, err := leaf(server, ca, caKey, now, c.CertFile, c.KeyFile); err != nil {
 		return nil, err
