@@ -134,3 +134,38 @@ func TestCLITLSErrors(t *testing.T) {
 		t.Errorf("%v keys written by commands that failed", n)
 	}
 }
+
+// The TLS flags apply to a rediss+cluster:// URL too: every node, the
+// slot map's included, is reached over TLS with the client certificate.
+func TestCLIClusterOverTLS(t *testing.T) {
+	t.Parallel()
+	certs := testcert.New(t)
+	nodes := redistest.Cluster(t, 3, redistest.Options{TLS: certs, TLSAuthClients: true})
+	url := "rediss+cluster://" + nodes[0].Addr() + "?addr=" + nodes[1].Addr()
+	env := []string{"DLOCK_REDIS_URL=" + url, "REDIS_URL=", "DLOCK_TLS_CA=" + certs.CAFile, "DLOCK_TLS_CERT=" + certs.ClientCertFile, "DLOCK_TLS_KEY=" + certs.ClientKeyFile}
+	holder := startDlockEnv(t, env, "run", "tls-cluster", "--", "sh", "-c", "echo ready; exec sleep 310")
+	if l := holder.line(); l != "ready" {
+		t.Fatalf("holder: %q", l)
+	}
+	code, out, errOut := dlockTLS(t, env, "status", "--json", "tls-cluster")
+	var st lockInfo
+	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || st.State != "held" {
+		t.Fatalf("status: exit %d, %v, %+v; stderr %q", code, err, st, errOut)
+	}
+	code, out, errOut = dlockTLS(t, env, "list", "--json")
+	var infos []lockInfo
+	if err := json.Unmarshal([]byte(out), &infos); code != 0 || err != nil || len(infos) != 1 {
+		t.Fatalf("list: exit %d, %v, %s; stderr %q", code, err, out, errOut)
+	}
+	if code, out, errOut := dlockTLS(t, env, "unlock", "--force", "tls-cluster"); code != 0 {
+		t.Fatalf("unlock --force: exit %d, %q; stderr %q", code, out, errOut)
+	}
+	if code, _ := holder.end(); code == 0 {
+		t.Errorf("the holder removed by unlock --force exited 0")
+	}
+	// Without the CA the cluster's certificates are not trusted.
+	code, _, errOut = dlockTLS(t, append(env, "DLOCK_TLS_CA="), "status", "tls-cluster")
+	if code == 0 || !strings.Contains(errOut, "--tls-ca") {
+		t.Errorf("status without the CA: exit %d, stderr %q; want the --tls-ca hint", code, errOut)
+	}
+}
