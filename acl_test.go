@@ -288,3 +288,86 @@ func TestACLNoSubscribeStillExclusive(t *testing.T) {
 		t.Error("the ACL LOG is empty: the subscriptions were not refused, so this test shows nothing")
 	}
 }
+
+// In quorum mode too, masters that all refuse the user a command fail a
+// Lock at once, naming what was refused, with a ctx that never ends.
+// Quorum mode asks no master about pub/sub, so masters that refuse only the
+// channels are not detected: its waiters are then not notified and get the
+// lock by their own looks once it is free (a degraded mode, not a hang).
+func TestACLMissingPieceQuorum(t *testing.T) {
+	// quorumAs returns n quorum Clients (as n processes would have) on 3
+	// masters whose user lacks drop.
+	var masters []*redistest.Server
+	quorumAs := func(t *testing.T, drop string, n int) []*dlock.Client {
+		masters = redistest.Masters(t, 3)
+		setACL(t, without(t, docACL(t, "dlock", aclPassword), drop), masters...)
+		var qs []*dlock.Client
+		for range n {
+			var rdbs []redis.UniversalClient
+			for _, m := range masters {
+				rdbs = append(rdbs, m.Client(t, asUser("dlock", aclPassword)))
+			}
+			q, err := dlock.NewQuorum(rdbs, dlock.WithRestartDelay(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = q.Close() })
+			qs = append(qs, q)
+		}
+		return qs
+	}
+	t.Run("no EVALSHA", func(t *testing.T) {
+		q := quorumAs(t, "+evalsha", 1)[0]
+		for what, call := range map[string]func(context.Context) (*dlock.Lease, error){
+			"TryLock": q.Mutex("q-acl").TryLock,
+			"Lock":    q.Mutex("q-acl").Lock,
+		} {
+			done := make(chan error, 1)
+			go func() {
+				l, err := call(context.Background())
+				if err == nil {
+					err = fmt.Errorf("obtained, fence %d", l.Fence())
+					_ = l.Unlock(context.Background())
+				}
+				done <- err
+			}()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("quorum %s: no answer in 30s: a refusal waited instead of failing", what)
+			}
+			for _, w := range []string{`lock "q-acl"`, "NOPERM", "'evalsha'"} {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("quorum %s: error %q does not say %q", what, err, w)
+				}
+			}
+		}
+	})
+	t.Run("no channels", func(t *testing.T) {
+		qs := quorumAs(t, "&dlock:*", 2)
+		ctx := ctxT(t, time.Minute)
+		held, err := qs[0].Mutex("q-acl", dlock.TTL(heldTTL)).TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting := async(t, ctx, qs[1].Mutex("q-acl").Lock)
+		// The waiter waits once its subscription has been refused: its
+		// Client's hub asks about pub/sub first, with SPUBLISH on the probe
+		// channel, which the ACL LOG records.
+		waitFor(t, ctx, "the waiter's subscription refused", func() bool {
+			entries, _ := masters[0].Do(t, "ACL", "LOG").([]any)
+			return strings.Contains(fmt.Sprint(entries), "object:dlock:probe")
+		})
+		if err := held.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l, err := waiting()
+		if err != nil {
+			t.Fatalf("the waiter: %v", err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Errorf("Unlock: %v", err)
+		}
+	})
+}
