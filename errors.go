@@ -1,10 +1,15 @@
 package dlock
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/dlock-go/dlock/internal/driver"
+	"github.com/dlock-go/dlock/internal/wire"
 )
 
 // Sentinel errors. Every error dlock returns wraps one of these (or a
@@ -108,4 +113,80 @@ func scriptErr(key, kind string, err error) error {
 		return &foreignError{fmt.Sprintf("Redis key %q is not a hash, so not a dlock %s", key, kind)}
 	}
 	return err
+}
+
+// scriptACLRefusal is how Redis 7 words a command that a script ran and
+// the user's ACL refused; it names neither the command nor, by name, the
+// script (only its SHA).
+const scriptACLRefusal = "can't run this command or subcommand"
+
+// refused reports a command the server refused for the user's ACL
+// (NOPERM, or the refusal of a command a script ran) or for its
+// authentication (NOAUTH, WRONGPASS), or a TLS connection refused for its
+// certificates (the server's not trusted or not for its name, the
+// client's missing or not trusted): retrying cannot cure it.
+func refused(err error) bool {
+	if err == nil {
+		return false
+	}
+	if badCertificate(err) {
+		return true
+	}
+	var rerr driver.ReplyError
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	for _, p := range []string{"NOPERM", "NOAUTH", "WRONGPASS"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return strings.Contains(msg, scriptACLRefusal)
+}
+
+// badCertificate reports a TLS handshake that failed on a certificate: the
+// server's, which this side did not trust (unknown authority, wrong name,
+// expired), or this side's, which the server asked for and did not get or
+// did not trust (its alert arrives as a "remote error").
+func badCertificate(err error) bool {
+	if err == nil {
+		return false
+	}
+	var verify *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	if errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid) {
+		return true
+	}
+	msg := err.Error()
+	for _, alert := range []string{"tls: certificate required", "tls: bad certificate", "tls: unknown certificate authority", "tls: certificate expired", "tls: unsupported certificate"} {
+		if strings.Contains(msg, "remote error: "+alert) {
+			return true
+		}
+	}
+	return false
+}
+
+// explainRefusal adds, to a refusal of a command that one of dlock's
+// scripts ran, which script it was and where the commands the ACL must
+// allow are listed, and to a certificate refused, what to set; other
+// errors are returned as they are. Redis's own
+// NOPERM replies already name the command, keys or channels refused.
+func explainRefusal(err error) error {
+	if badCertificate(err) {
+		return fmt.Errorf("the TLS connection to Redis failed on a certificate (%w): the go-redis client's TLSConfig must trust the CA that signed the server's certificate (RootCAs), name the server as its certificate does (ServerName), and present a client certificate (Certificates) if the server asks for one", err)
+	}
+	if err == nil || !refused(err) || !strings.Contains(err.Error(), scriptACLRefusal) {
+		return err
+	}
+	name := "a dlock script"
+	for _, s := range wire.Scripts() {
+		if strings.Contains(err.Error(), s.SHA) {
+			name = "dlock's script " + s.Name + ".lua"
+			break
+		}
+	}
+	return fmt.Errorf("the Redis user may not run a command that %s runs (%w); the ACL must allow every command listed in docs/PRODUCTION.md", name, err)
 }

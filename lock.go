@@ -281,9 +281,11 @@ func (lk *lock) kindErr(err error) error {
 	return scriptErr(lk.hash, lk.kind, err)
 }
 
-// permanent reports errors that retrying cannot cure.
+// permanent reports errors that retrying cannot cure, a refusal by the
+// server's ACL or authentication among them (a Lock would otherwise wait
+// for its ctx, forever with WaitForever-style contexts, saying nothing).
 func permanent(err error) bool {
-	return errors.Is(err, ErrForeignKey) || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrNotReplicated)
+	return errors.Is(err, ErrForeignKey) || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrNotReplicated) || refused(err)
 }
 
 // fail wraps err for the caller; a ctx error comes out so that it errors.Is ctx.Err().
@@ -294,7 +296,7 @@ func (lk *lock) fail(ctx context.Context, err error) error {
 		}
 		return nameErr(lk.name, cerr)
 	}
-	return nameErr(lk.name, err)
+	return nameErr(lk.name, explainRefusal(err))
 }
 
 // stopped is the error of a wait that ctx or Close (cause ErrClosed) ended.

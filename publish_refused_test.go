@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/dlock-go/dlock/internal/wire"
 )
@@ -16,12 +17,26 @@ import (
 // keeps a script's writes when it fails halfway, so the caller was told
 // "release failed" about a lock that was released. Waiters then learn of
 // the release at their next look instead of by message.
+//
+// The Clients ask the server about SPUBLISH before the ACL changes: one
+// that is refused the question fails every lock call instead (see
+// TestACLMissingPiece), so a release refused its publish is one whose ACL
+// changed, or whose server lost the command, after that.
 func TestPublishRefusedReleaseStillSucceeds(t *testing.T) {
 	s := redistest.Start(t)
-	s.Do(t, "ACL", "SETUSER", "default", "-spublish", "-publish")
 	ctx := ctxT(t, time.Minute)
 	c1, rdb := newClient(t, s)
 	c2, _ := newClient(t, s)
+	for _, c := range []*dlock.Client{c1, c2} {
+		l, err := c.Mutex("refused-first").TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Do(t, "ACL", "SETUSER", "default", "-spublish", "-publish")
 	for _, p := range exclusives {
 		name := "refused-" + p.kind
 		// Freed with nobody in line: the release publishes the fence.

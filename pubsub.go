@@ -57,6 +57,15 @@ func (c *Client) pubsubReady(ctx context.Context) error {
 	v, err := c.aside(ctx, func(ctx context.Context) (any, error) {
 		return hub.Detect(ctx, c.drv, wire.ProbeChannel(c.cfg.prefix))
 	}, nil)
+	if badCertificate(err) {
+		return err // explainRefusal says what to fix
+	}
+	if err != nil && refused(err) {
+		// No channel (or no SPUBLISH) permission: waiters would never be
+		// notified and releases could not notify them. Fail closed, here,
+		// rather than degrade to looking at each lock's TTL.
+		return fmt.Errorf("the Redis user may not publish on dlock's channels (SPUBLISH %q: %w): its ACL needs the channel pattern &%s* and the commands in docs/PRODUCTION.md", wire.ProbeChannel(c.cfg.prefix), err, c.cfg.prefix)
+	}
 	if err != nil {
 		return fmt.Errorf("asking the server whether it has SPUBLISH: %w", err)
 	}

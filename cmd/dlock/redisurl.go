@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -32,7 +33,7 @@ const defaultRedisURL = "redis://127.0.0.1:6379"
 const redisPingTimeout = 5 * time.Second
 
 // redisURLHelp documents --redis in every command's flag list.
-const redisURLHelp = "Redis `URL`: redis://[user:pass@]host:port[/db], rediss:// (TLS; ?skip_verify=true skips certificate checks), unix:///path.sock, " +
+const redisURLHelp = "Redis `URL`: redis://[user:pass@]host:port[/db], rediss:// (TLS, see --tls-ca; ?skip_verify=true skips certificate checks), unix:///path.sock, " +
 	"redis+cluster://host:port?addr=host2:port2, redis+sentinel://host:port?master_name=NAME (user:pass@ authenticates to the sentinels; " +
 	"?password= to the master); default $DLOCK_REDIS_URL, then $REDIS_URL, then " + defaultRedisURL + ". " +
 	"Quorum mode: 3 or more independent masters, by repeating --redis or as one comma-separated list (URL,URL,URL; also in the variables)"
@@ -47,6 +48,9 @@ type redisTarget struct {
 	// single holds the options of a single server (redis://, rediss://,
 	// unix://); nil for a Cluster or Sentinel.
 	single *redis.Options
+	// tls is the TLS configuration of the client's options (a rediss://
+	// URL), which the TLS flags complete; nil without TLS.
+	tls *tls.Config
 	// master names the master the URL reaches, to find two URLs of one
 	// quorum that are the same server: network and address, or a
 	// Sentinel's master name and sentinels; "" for a Cluster, which cannot
@@ -123,9 +127,10 @@ func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 
 // parseRedisTargets parses the servers a command works on: one URL (a
 // server, a Cluster or a Sentinel-managed master), or 3 or more, the
-// independent masters of a quorum. Two URLs, the same server twice, or a
-// Cluster among a quorum's masters are refused.
-func parseRedisTargets(urls []string) ([]*redisTarget, error) {
+// independent masters of a quorum, and gives the TLS ones the TLS flags'
+// certificates. Two URLs, the same server twice, or a Cluster among a
+// quorum's masters are refused.
+func parseRedisTargets(urls []string, tf *tlsFiles) ([]*redisTarget, error) {
 	targets := make([]*redisTarget, len(urls))
 	for i, u := range urls {
 		t, err := parseRedisTarget(u)
@@ -133,6 +138,9 @@ func parseRedisTargets(urls []string) ([]*redisTarget, error) {
 			return nil, err
 		}
 		targets[i] = t
+	}
+	if err := tf.apply(targets); err != nil {
+		return nil, err
 	}
 	if len(targets) == 1 {
 		return targets, nil
@@ -200,7 +208,7 @@ func parseRedisTarget(raw string) (*redisTarget, error) {
 			return nil, bad(err)
 		}
 		o.DisableIdentity = true // Redis before 7.2 rejects CLIENT SETINFO
-		t.single = o
+		t.single, t.tls = o, o.TLSConfig
 		t.master = o.Network + " " + o.Addr
 		t.newClient = func() redis.UniversalClient { return redis.NewClient(o) }
 	case mode == "cluster" && (base == "redis" || base == "rediss"):
@@ -229,6 +237,7 @@ func parseRedisTarget(raw string) (*redisTarget, error) {
 			return nil, bad(err)
 		}
 		o.DisableIdentity = true
+		t.tls = o.TLSConfig
 		t.newClient = func() redis.UniversalClient { return redis.NewClusterClient(o) }
 	case mode == "sentinel" && (base == "redis" || base == "rediss"):
 		o, err := redis.ParseFailoverURL(plain)
@@ -245,6 +254,7 @@ func parseRedisTarget(raw string) (*redisTarget, error) {
 			return nil, bad(err)
 		}
 		o.DisableIdentity = true
+		t.tls = o.TLSConfig
 		t.master = fmt.Sprintf("Sentinel master %s at %s", o.MasterName, strings.Join(slices.Sorted(slices.Values(o.SentinelAddrs)), ","))
 		t.newClient = func() redis.UniversalClient { return redis.NewFailoverClient(o) }
 	default:
@@ -443,7 +453,7 @@ func (t *redisTarget) checkServer(ctx context.Context, rdb redis.UniversalClient
 	case ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)):
 		return &unreachableError{url: t.display, err: t.diagnoseTimeout(ctx)}
 	}
-	return &unreachableError{url: t.display, err: err}
+	return &unreachableError{url: t.display, err: explainTLS(err)}
 }
 
 // isTimeout reports a network timeout (go-redis's read and write timeouts).

@@ -225,6 +225,7 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 	fs.SetOutput(io.Discard)
 	var redisURLs []string
 	fs.Var(urlsFlag{&redisURLs}, "redis", redisURLHelp)
+	tlsFlags := addTLSFlags(fs)
 	fs.StringVar(&f.prefix, "prefix", "dlock:", "key `prefix` of the locks (the library's WithPrefix)")
 	durationVar(fs, &f.ttl, "ttl", dlock.DefaultTTL, time.Millisecond, dlock.MaxTTL, "10s", "lease length, a `duration` (1ms.."+shortDuration(dlock.MaxTTL)+"): how long the lock outlives a dlock that stops renewing it")
 	fs.Var(waitFlag{&f.wait}, "wait", "how long to wait for a held lock: 0, a `duration` such as 30s, or forever (default 0)")
@@ -275,7 +276,7 @@ func parseRunFlags(args []string, stdout io.Writer) (f runFlags, help bool, err 
 	if err := wire.CheckPrefix(f.prefix); err != nil {
 		return f, false, err
 	}
-	if f.targets, err = parseRedisTargets(resolveRedisURLs(redisURLs)); err != nil {
+	if f.targets, err = parseRedisTargets(resolveRedisURLs(redisURLs), tlsFlags); err != nil {
 		return f, false, err
 	}
 	return f, false, checkQuorumRun(fs, f)

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/testcert"
 )
 
 // secret is the password in every URL of these tests.
@@ -182,6 +184,65 @@ func TestRedactURL(t *testing.T) {
 	} {
 		if got := redactURL(in); got != want {
 			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// A password in the URL is not printed either when the connection fails
+// on TLS (a CA that did not sign the server's certificate, no client
+// certificate) or when the server refuses the user a permission it needs
+// (NOPERM for channels, a script, a key), by any command.
+func TestSecretsNeverPrintedTLSAndACL(t *testing.T) {
+	t.Parallel()
+	certs := testcert.New(t)
+	other := testcert.New(t)
+	tlsServer := redistest.Start(t, redistest.Options{TLS: certs, TLSAuthClients: true})
+	tlsServer.Do(t, "CONFIG", "SET", "requirepass", secret)
+	acl := docACL(t)
+	refusing := map[string]*redistest.Server{}
+	for _, rule := range []string{"&dlock:*", "+evalsha", "~dlock:*"} {
+		s := redistest.Start(t)
+		i := slices.Index(acl, any(rule))
+		args := slices.Delete(slices.Clone(acl), i, i+1)
+		args[4] = ">" + secret
+		setACL(t, s, args)
+		refusing[rule] = s
+	}
+	type attempt struct {
+		env   []string
+		flags []string
+	}
+	noTLS := []string{"REDIS_URL=", "DLOCK_TLS_CA=", "DLOCK_TLS_CERT=", "DLOCK_TLS_KEY="}
+	tlsURL := "rediss://default:" + secret + "@" + tlsServer.Addr()
+	var attempts []attempt
+	for _, flags := range [][]string{
+		{"--tls-ca", other.CAFile, "--tls-cert", certs.ClientCertFile, "--tls-key", certs.ClientKeyFile},
+		{"--tls-ca", certs.CAFile},
+		{"--tls-ca", certs.CAFile, "--tls-cert", other.ClientCertFile, "--tls-key", other.ClientKeyFile},
+	} {
+		attempts = append(attempts, attempt{append([]string{"DLOCK_REDIS_URL=" + tlsURL}, noTLS...), flags})
+	}
+	for _, s := range refusing {
+		attempts = append(attempts, attempt{append([]string{"DLOCK_REDIS_URL=redis://dlock:" + secret + "@" + s.Addr()}, noTLS...), nil})
+	}
+	for _, a := range attempts {
+		for _, c := range [][]string{
+			{"run", "secret-acl", "--", "true"},
+			{"run", "--wait", "forever", "secret-acl", "--", "true"},
+			{"status", "secret-acl"},
+			{"list"},
+			{"unlock", "--force", "secret-acl"},
+		} {
+			args := append(append([]string{c[0]}, a.flags...), c[1:]...)
+			p := startDlockEnv(t, a.env, args...)
+			code, sig := p.end()
+			out := p.stdout.String() + p.stderr.String()
+			if strings.Contains(out, secret) {
+				t.Errorf("%s %v printed the password (exit %d, signal %v):\n%s", redactURL(a.env[0]), args, code, sig, out)
+			}
+			if code == 0 && c[0] != "status" && c[0] != "list" {
+				t.Errorf("%s %v succeeded; want an error: %s", redactURL(a.env[0]), args, out)
+			}
 		}
 	}
 }

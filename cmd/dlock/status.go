@@ -133,6 +133,7 @@ type lockInfo struct {
 // inspectFlags are the flags status, list and unlock share.
 type inspectFlags struct {
 	redisURLs *[]string
+	tls       *tlsFiles
 	prefix    *string
 	json      *bool
 }
@@ -140,6 +141,7 @@ type inspectFlags struct {
 func addInspectFlags(fs *flag.FlagSet) inspectFlags {
 	fl := inspectFlags{redisURLs: new([]string)}
 	fs.Var(urlsFlag{fl.redisURLs}, "redis", redisURLHelp)
+	fl.tls = addTLSFlags(fs)
 	fl.prefix = fs.String("prefix", "dlock:", "key `prefix` of the locks (the library's WithPrefix)")
 	fl.json = fs.Bool("json", false, "print JSON instead of text")
 	return fl
@@ -153,7 +155,7 @@ func (fl inspectFlags) targets(stderr io.Writer, cmd string) ([]*redisTarget, in
 		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", cmd, err, cmd)
 		return nil, exitUsage
 	}
-	targets, err := parseRedisTargets(resolveRedisURLs(*fl.redisURLs))
+	targets, err := parseRedisTargets(resolveRedisURLs(*fl.redisURLs), fl.tls)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", cmd, err, cmd)
 		return nil, exitUsage

@@ -39,9 +39,11 @@ func (k Kind) String() string {
 // Sharded without asking (see driver.Traits.Cluster). Otherwise it
 // publishes one empty message with SPUBLISH on probe, a channel nobody
 // subscribes to: a server that answers it does not know the command is
-// Plain; any other reply, errors such as NOPERM included, shows that it
-// knows SPUBLISH, so it is Sharded. An error means it could not tell (the
-// server did not answer): ask again later.
+// Plain; any other reply shows that it knows SPUBLISH, so it is Sharded,
+// except NOPERM, which is returned: a user whose ACL refuses the probe
+// could not publish or subscribe on the locks' channels either. An error
+// means it could not tell (the server did not answer, or refused): ask
+// again later.
 func Detect(ctx context.Context, drv driver.Conn, probe string) (Kind, error) {
 	if drv.Traits().Cluster {
 		return Sharded, nil
@@ -55,6 +57,8 @@ func Detect(ctx context.Context, drv driver.Conn, probe string) (Kind, error) {
 		return 0, err
 	case unknownCommand(err.Error()):
 		return Plain, nil
+	case strings.HasPrefix(err.Error(), "NOPERM"):
+		return 0, err
 	}
 	return Sharded, nil
 }

@@ -3,6 +3,7 @@ package redisproc
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -61,7 +62,7 @@ func (s *Server) launch(ctx context.Context, port int, deadline time.Time) (p *p
 			}
 			return nil, false, fmt.Errorf("redis-server on %s exited before it was ready (%v); the end of its output:\n%s", addr, err, out)
 		}
-		info, err := probe(addr)
+		info, err := probe(addr, s.tls)
 		if err == nil {
 			// The pid tells our server from one that another process
 			// started on the port between our choice and our bind: that
@@ -95,16 +96,30 @@ func (s *Server) launch(ctx context.Context, port int, deadline time.Time) (p *p
 	}
 }
 
-// probe sends PING and INFO on a fresh connection and returns INFO's text.
-// It fails unless PING answers PONG (a loading server answers LOADING).
-func probe(addr string) (string, error) {
+// probe sends PING and INFO on a fresh connection (over TLS with t) and
+// returns INFO's text. It fails unless PING answers PONG (a loading server
+// answers LOADING).
+func probe(addr string, t *TLS) (string, error) {
+	var c net.Conn
 	c, err := net.DialTimeout("tcp", addr, probeDialTimeout)
 	if err != nil {
 		return "", err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	if err := c.SetDeadline(time.Now().Add(probeTimeout)); err != nil {
 		return "", err
+	}
+	if t != nil {
+		cfg := t.Client
+		if cfg.ServerName == "" {
+			cfg = cfg.Clone()
+			cfg.ServerName = "127.0.0.1" // as tls.Dial would infer it from addr
+		}
+		tc := tls.Client(c, cfg)
+		if err := tc.Handshake(); err != nil {
+			return "", fmt.Errorf("TLS handshake: %w", err)
+		}
+		c = tc
 	}
 	if _, err := io.WriteString(c, "*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nINFO\r\n"); err != nil {
 		return "", err

@@ -41,7 +41,7 @@ func client(t *testing.T, addr string) *redis.Client {
 // answeringPID returns the process_id that the server at addr reports.
 func answeringPID(t *testing.T, addr string) int {
 	t.Helper()
-	info, err := probe(addr)
+	info, err := probe(addr, nil)
 	if err != nil {
 		t.Fatalf("probe %s: %v", addr, err)
 	}
@@ -320,7 +320,7 @@ func TestPauseResume(t *testing.T) {
 	if err := s.Pause(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := probe(s.Addr()); err == nil {
+	if _, err := probe(s.Addr(), nil); err == nil {
 		t.Fatal("a paused server answered")
 	}
 	if err := s.Resume(); err != nil {
@@ -336,7 +336,7 @@ func TestPauseResume(t *testing.T) {
 func TestSentinelMode(t *testing.T) {
 	t.Parallel()
 	s := start(t, Config{Sentinel: true})
-	info, err := probe(s.Addr())
+	info, err := probe(s.Addr(), nil)
 	if err != nil || InfoField(info, "redis_mode") != "sentinel" {
 		t.Fatalf("redis_mode %q, %v; want sentinel", InfoField(info, "redis_mode"), err)
 	}

@@ -21,11 +21,13 @@
 // What it does not: it does not find the binary in places other than
 // $PATH (the harness has its own rules), persist anything unless Args ask
 // for it, or keep a server from being reached by other local users: it is
-// bound to 127.0.0.1 without a password.
+// bound to 127.0.0.1 without a password. With Config.TLS it speaks TLS
+// only, with the certificates the caller gives (it makes none).
 package redisproc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -78,6 +80,62 @@ type Config struct {
 	// Timeout bounds Start and each Restart: finding a port, starting the
 	// process and loading the data. Default DefaultTimeout.
 	Timeout time.Duration
+	// TLS, if not nil, makes the server speak TLS only: its port is the
+	// TLS port (--tls-port) and it has no plain-text port (--port 0).
+	// Default nil: plain text.
+	TLS *TLS
+}
+
+// TLS is a server's TLS setup (Config.TLS). redis-server reads the files at
+// start; they must outlive the server (Restart reads them again).
+type TLS struct {
+	// CertFile and KeyFile are the server's certificate chain and private
+	// key, PEM (tls-cert-file, tls-key-file). Required.
+	CertFile, KeyFile string
+	// CAFile holds the CA certificates client certificates are checked
+	// against, PEM (tls-ca-cert-file). Required: redis-server refuses to
+	// start TLS without it, even when it asks for no client certificate.
+	CAFile string
+	// AuthClients is tls-auth-clients: "yes" (a client must present a
+	// certificate CAFile trusts), "optional" or "no". Default "no".
+	AuthClients string
+	// Client is how the readiness probe connects: it must trust the
+	// server's certificate for 127.0.0.1, and hold a client certificate
+	// when AuthClients is "yes". Required.
+	Client *tls.Config
+}
+
+// args returns the redis-server arguments that set up t on port.
+func (t *TLS) args(port int) []string {
+	auth := t.AuthClients
+	if auth == "" {
+		auth = "no"
+	}
+	return []string{
+		"--port", "0",
+		"--tls-port", strconv.Itoa(port),
+		"--tls-cert-file", t.CertFile,
+		"--tls-key-file", t.KeyFile,
+		"--tls-ca-cert-file", t.CAFile,
+		"--tls-auth-clients", auth,
+	}
+}
+
+// check reports what is missing from t.
+func (t *TLS) check() error {
+	switch {
+	case t.CertFile == "" || t.KeyFile == "":
+		return errors.New("TLS needs CertFile and KeyFile")
+	case t.CAFile == "":
+		return errors.New("TLS needs CAFile (redis-server refuses TLS without tls-ca-cert-file)")
+	case t.Client == nil:
+		return errors.New("TLS needs Client, the readiness probe's tls.Config")
+	}
+	switch t.AuthClients {
+	case "", "no", "yes", "optional":
+		return nil
+	}
+	return fmt.Errorf("TLS AuthClients %q: want \"yes\", \"optional\" or \"no\"", t.AuthClients)
 }
 
 // Server is one redis-server on 127.0.0.1. Its port and directory stay the
@@ -86,6 +144,7 @@ type Server struct {
 	bin       string
 	extraArgs []string // Config.Args
 	sentinel  bool
+	tls       *TLS     // Config.TLS
 	env       []string // Config.Env
 	timeout   time.Duration
 	root      string // Config.Dir, or the directory Start made
@@ -127,10 +186,16 @@ func newServer(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redisproc: %w", err)
 	}
+	if cfg.TLS != nil {
+		if err := cfg.TLS.check(); err != nil {
+			return nil, fmt.Errorf("redisproc: %w", err)
+		}
+	}
 	s := &Server{
 		bin:       bin,
 		extraArgs: append([]string(nil), cfg.Args...),
 		sentinel:  cfg.Sentinel,
+		tls:       cfg.TLS,
 		env:       append([]string(nil), cfg.Env...),
 		timeout:   cfg.Timeout,
 		root:      cfg.Dir,
@@ -206,8 +271,12 @@ func (s *Server) args(port int) []string {
 	if s.sentinel {
 		a = append(a, filepath.Join(s.dataDir, "sentinel.conf"), "--sentinel")
 	}
+	if s.tls != nil {
+		a = append(a, s.tls.args(port)...)
+	} else {
+		a = append(a, "--port", strconv.Itoa(port))
+	}
 	a = append(a,
-		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--save", "",
 		"--dir", s.dataDir,
@@ -217,7 +286,15 @@ func (s *Server) args(port int) []string {
 	return append(a, s.extraArgs...)
 }
 
-// Addr returns "127.0.0.1:PORT".
+// TLSConfig returns Config.TLS's Client, or nil for a plain-text server.
+func (s *Server) TLSConfig() *tls.Config {
+	if s.tls == nil {
+		return nil
+	}
+	return s.tls.Client
+}
+
+// Addr returns "127.0.0.1:PORT" (the TLS port of a TLS server).
 func (s *Server) Addr() string { return loopback(s.Port()) }
 
 // Port returns the TCP port; it stays the same across Restart.

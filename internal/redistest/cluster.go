@@ -20,17 +20,29 @@ const clusterReadyTimeout = 20 * time.Second
 // Cluster starts an n-master Redis Cluster (no replicas) on loopback: the
 // 16384 slots are split evenly in order, node i taking the i-th range. Each
 // node's cluster bus listens on its port + 10000. It returns the nodes in
-// slot order.
-func Cluster(t testing.TB, n int) []*Server {
+// slot order. An Options value may add arguments or make every node speak
+// TLS only (Options.TLS), its cluster bus included (tls-cluster yes).
+func Cluster(t testing.TB, n int, opts ...Options) []*Server {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("redistest: Cluster needs at least one node, got %d", n)
 	}
-	nodes := Masters(t, n, Options{Args: []string{
+	var o Options
+	if len(opts) > 1 {
+		t.Fatalf("redistest: at most one Options value may be given, got %d", len(opts))
+	} else if len(opts) == 1 {
+		o = opts[0]
+	}
+	args := []string{
 		"--cluster-enabled", "yes",
 		"--cluster-config-file", "nodes.conf",
 		"--cluster-node-timeout", "2000",
-	}})
+	}
+	if o.TLS != nil {
+		args = append(args, "--tls-cluster", "yes")
+	}
+	o.Args = append(args, o.Args...)
+	nodes := Masters(t, n, o)
 	ctx, cancel := context.WithTimeout(context.Background(), clusterReadyTimeout)
 	defer cancel()
 	for i, s := range nodes {
@@ -41,7 +53,7 @@ func Cluster(t testing.TB, n int) []*Server {
 		}
 	}
 	for _, s := range nodes {
-		rdb := redis.NewClient(&redis.Options{Addr: s.Addr()})
+		rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), TLSConfig: s.TLSConfig()})
 		err := waitClusterOK(ctx, rdb, n)
 		_ = rdb.Close()
 		if err != nil {
@@ -73,15 +85,15 @@ func waitClusterOK(ctx context.Context, rdb *redis.Client, n int) error {
 	}
 }
 
-// ClusterClient returns a go-redis cluster client over nodes, closed when
-// the test ends.
+// ClusterClient returns a go-redis cluster client over nodes (over TLS for
+// TLS nodes), closed when the test ends.
 func ClusterClient(t testing.TB, nodes []*Server) *redis.ClusterClient {
 	t.Helper()
 	var addrs []string
 	for _, s := range nodes {
 		addrs = append(addrs, s.Addr())
 	}
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, TLSConfig: nodes[0].TLSConfig()})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

@@ -27,6 +27,7 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -42,6 +43,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock/internal/redisproc"
+	"github.com/dlock-go/dlock/internal/testcert"
 )
 
 // Options for Start.
@@ -67,6 +69,14 @@ type Options struct {
 	// offset SetClockOffset sets (0 at first). Linux only; without a C
 	// compiler the test is skipped, saying what to install.
 	ClockShift bool
+	// TLS, if not nil, makes the server speak TLS only (rediss://), with
+	// certs' server certificate; Client and Do then connect over TLS,
+	// trusting certs' CA. Default nil: plain text.
+	TLS *testcert.Certs
+	// TLSAuthClients makes a TLS server require a client certificate that
+	// certs' CA signed (tls-auth-clients yes); Client and Do present
+	// certs' client certificate. Default false: none is asked for.
+	TLSAuthClients bool
 }
 
 // Server is one redis-server process on 127.0.0.1, started by
@@ -74,7 +84,8 @@ type Options struct {
 // Kill and Restart. All methods are safe for concurrent use.
 type Server struct {
 	p         *redisproc.Server
-	clockFile string // the offset file, with ClockShift; else ""
+	tls       *tls.Config // the client side of Options.TLS; nil in plain text
+	clockFile string      // the offset file, with ClockShift; else ""
 }
 
 // Start starts one redis-server on a free loopback port and waits until it
@@ -109,7 +120,7 @@ func Masters(t testing.TB, n int, opts ...Options) []*Server {
 				errs[i] = err
 				return
 			}
-			servers[i] = &Server{p: p, clockFile: clockFile}
+			servers[i] = &Server{p: p, clockFile: clockFile, tls: p.TLSConfig()}
 		})
 	}
 	wg.Wait()
@@ -166,7 +177,21 @@ func config(t testing.TB, opts []Options) (cfg redisproc.Config, shim string) {
 	if o.ClockShift {
 		shim = buildClockShift(t)
 	}
-	return redisproc.Config{Bin: bin, Args: append(args, o.Args...), Sentinel: o.Sentinel}, shim
+	cfg = redisproc.Config{Bin: bin, Args: append(args, o.Args...), Sentinel: o.Sentinel}
+	switch {
+	case o.TLS != nil:
+		auth := "no"
+		if o.TLSAuthClients {
+			auth = "yes"
+		}
+		cfg.TLS = &redisproc.TLS{
+			CertFile: o.TLS.CertFile, KeyFile: o.TLS.KeyFile, CAFile: o.TLS.CAFile,
+			AuthClients: auth, Client: o.TLS.ClientConfig(o.TLSAuthClients),
+		}
+	case o.TLSAuthClients:
+		t.Fatal("redistest: TLSAuthClients needs TLS")
+	}
+	return cfg, shim
 }
 
 // findRedisServer returns the redis-server binary to run.
@@ -203,13 +228,27 @@ func (s *Server) Dir() string { return s.p.Dir() }
 // PID returns the pid of the current process, or 0 after Kill.
 func (s *Server) PID() int { return s.p.PID() }
 
-// Client returns a new go-redis client for the server, closed when the test
-// ends. Each opts function may change the options before the client is made
-// (timeouts, retries, protocol...). CLIENT SETINFO is disabled by default
-// since redis 7.0 does not know it.
+// TLSConfig returns the client side of Options.TLS (the CA trusted and, with
+// TLSAuthClients, the client certificate), or nil for a plain-text server.
+// Callers may change a Clone of it, not it.
+func (s *Server) TLSConfig() *tls.Config { return s.tls }
+
+// URL returns the server's URL: redis://127.0.0.1:PORT, or rediss://... for
+// a TLS server.
+func (s *Server) URL() string {
+	if s.tls != nil {
+		return "rediss://" + s.Addr()
+	}
+	return "redis://" + s.Addr()
+}
+
+// Client returns a new go-redis client for the server (over TLS for a TLS
+// server), closed when the test ends. Each opts function may change the
+// options before the client is made (timeouts, retries, protocol...).
+// CLIENT SETINFO is disabled by default since redis 7.0 does not know it.
 func (s *Server) Client(t testing.TB, opts ...func(*redis.Options)) *redis.Client {
 	t.Helper()
-	o := &redis.Options{Addr: s.Addr(), DisableIdentity: true}
+	o := &redis.Options{Addr: s.Addr(), DisableIdentity: true, TLSConfig: s.tls}
 	for _, f := range opts {
 		f(o)
 	}
@@ -288,6 +327,7 @@ func (s *Server) Do(t testing.TB, args ...any) any {
 		DialTimeout:     2 * time.Second,
 		ReadTimeout:     10 * time.Second,
 		WriteTimeout:    5 * time.Second,
+		TLSConfig:       s.tls,
 	})
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
