@@ -210,7 +210,15 @@ func missingPiece(t *testing.T, s *redistest.Server, holder *dlock.Client, p exc
 			t.Errorf("%s: the holder's Unlock: %v", p.kind, err)
 		}
 	}()
-	user := newDlock(t, s.Client(t, asUser("dlock", pw)))
+	user, err := newDlockOrErr(t, s.Client(t, asUser("dlock", pw)))
+	if err != nil { // rueidis meets a wrong password in rueidis.NewClient
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: rueidis.NewClient's error %q does not say %q", p.kind, err, w)
+			}
+		}
+		return
+	}
 	defer user.Close()
 	for _, c := range []struct {
 		what, name string

@@ -32,19 +32,32 @@ func onRueidis() bool { return os.Getenv(driverEnv) == "rueidis" }
 // test ends. The caller closes the Client, as after dlock.New.
 func newDlock(t testing.TB, rdb redis.UniversalClient, opts ...dlock.Option) *dlock.Client {
 	t.Helper()
+	c, err := newDlockOrErr(t, rdb, opts...)
+	if err != nil {
+		t.Fatalf("%s=rueidis: a rueidis client for %T: %v", driverEnv, rdb, err)
+	}
+	return c
+}
+
+// newDlockOrErr is newDlock for a test of a server that refuses the client
+// (a wrong password, an untrusted certificate): go-redis meets the refusal
+// at the first call, rueidis already in rueidis.NewClient, whose error is
+// returned (a rueidis user sees it there, before dlock is involved).
+func newDlockOrErr(t testing.TB, rdb redis.UniversalClient, opts ...dlock.Option) (*dlock.Client, error) {
+	t.Helper()
 	if !onRueidis() {
-		return dlock.New(rdb, opts...)
+		return dlock.New(rdb, opts...), nil
 	}
 	rc, err := rueidis.NewClient(rueidisOptions(t, rdb))
 	if err != nil {
-		t.Fatalf("%s=rueidis: a rueidis client for %T: %v", driverEnv, rdb, err)
+		return nil, err
 	}
 	t.Cleanup(rc.Close)
 	c, err := rueidisdlock.New(rc, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return c, nil
 }
 
 // skipOnRueidis skips a test that cannot run over rueidis, saying why.

@@ -55,7 +55,16 @@ func TestTLSUntrusted(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rdb := s.Client(t, func(o *redis.Options) { o.TLSConfig = c.cfg })
-			locks := newDlock(t, rdb)
+			locks, err := newDlockOrErr(t, rdb)
+			if err != nil { // rueidis meets the handshake in rueidis.NewClient
+				// Without a client certificate the server resets the
+				// connection during rueidis's first write, and rueidis says
+				// only that: the refusal is still an error at once.
+				if c.name == "unknown CA" && !strings.Contains(err.Error(), c.want) {
+					t.Errorf("rueidis.NewClient's error %q does not say %q", err, c.want)
+				}
+				return
+			}
 			defer locks.Close()
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
