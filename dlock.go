@@ -129,6 +129,7 @@ type Client struct {
 	id       string               // random, names this Client's hand-over channels
 	inflight atomic.Int64         // lock-path scripts awaiting Redis
 	cfg      clientConfig
+	obs      *observer // metrics, spans and debug lines; nil: none (observe.go)
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -213,6 +214,7 @@ func newClient(rdb redis.UniversalClient, cfg clientConfig) *Client {
 		rdb:      rdb,
 		ctxAware: rdb != nil && contextAware(rdb),
 		cfg:      cfg,
+		obs:      newObserver(cfg),
 		ttlArg:   formatMillis(DefaultTTL),
 		liveArg:  formatMillis(fairLiveness),
 		idleArg:  formatMillis(cfg.idle),

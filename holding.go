@@ -88,6 +88,7 @@ type holding struct {
 	votes     []chan struct{} // quorum: per master, closed once the acquire vote is in; nil: in when it won (see rest)
 
 	tried time.Time // when the last renewal was sent
+	obsAt time.Time // when it became live, if observed (observe.go)
 
 	// Watchdog bookkeeping, guarded by c.dog.mu.
 	due   time.Time

@@ -18,6 +18,8 @@ type clientConfig struct {
 	ack ackConfig // WithReplicaAck
 
 	quorum quorumConfig // WithNodeTimeout, WithRestartDelay
+
+	obs obsConfig // WithMeterProvider, WithTracerProvider, WithNameAttribute
 }
 
 func defaultClientConfig() clientConfig {

@@ -1,0 +1,769 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/dlock-go/dlock/internal/wire"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// This file is the Client's observability: OpenTelemetry metrics and
+// spans, and slog debug lines, at the events of a lock's life. The engine
+// calls one small hook at each event (c.obs.x(...)); every hook is a
+// method of a nil-able *observer that returns at once when it is nil, so a
+// Client made without providers or a logger pays a nil check and nothing
+// else (no allocation, no clock read). Attribute sets are built once per
+// Client for every combination of low-cardinality attributes, so a
+// measurement allocates nothing of its own either.
+
+// scope names the instrumentation scope of dlock's meter and tracer.
+const scope = "github.com/dlock-go/dlock"
+
+// WithMeterProvider makes the Client record OpenTelemetry metrics through
+// mp (the metrics are described in the package doc's Observability
+// section). Default: none, and no metric is recorded. A nil mp is the
+// default.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *clientConfig) { c.obs.mp = mp }
+}
+
+// WithTracerProvider makes the Client record an OpenTelemetry span for
+// every Lock, TryLock, RLock, TryRLock, Acquire, TryAcquire and Unlock
+// call, as a child of the span in the call's ctx, and a "dlock.wait" child
+// span for the time a call waited for the lock. Default: none, and no span
+// is made. A nil tp is the default. The lease context (Lease.Context) does
+// not carry dlock's spans: work under it stays the child of the caller's span.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *clientConfig) { c.obs.tp = tp }
+}
+
+// WithNameAttribute adds the lock name, as attribute "dlock.lock.name", to
+// every metric and span the Client records. Default: off, since every lock
+// name then makes time series of its own (a name per order or per item
+// makes unbounded cardinality); with it, each measurement builds its
+// attribute set (one allocation) instead of using a precomputed one.
+func WithNameAttribute() Option {
+	return func(c *clientConfig) { c.obs.name = true }
+}
+
+type obsConfig struct {
+	mp   metric.MeterProvider
+	tp   trace.TracerProvider
+	name bool
+}
+
+// observer holds what a Client observes with; a nil *observer observes
+// nothing.
+type observer struct {
+	log  *slog.Logger // nil: no debug lines
+	tr   trace.Tracer // nil: no spans
+	m    *meters      // nil: no metrics
+	name bool         // WithNameAttribute
+}
+
+// newObserver returns nil unless cfg asks for metrics, spans or logs.
+func newObserver(cfg clientConfig) *observer {
+	o := &observer{name: cfg.obs.name}
+	if cfg.logger != nil && cfg.logger.Handler() != slog.DiscardHandler {
+		o.log = cfg.logger
+	}
+	if cfg.obs.tp != nil {
+		o.tr = cfg.obs.tp.Tracer(scope)
+	}
+	if cfg.obs.mp != nil {
+		o.m = newMeters(cfg.obs.mp.Meter(scope))
+	}
+	if o.log == nil && o.tr == nil && o.m == nil {
+		return nil
+	}
+	return o
+}
+
+// debug reports whether debug lines are logged now (a handler's level may
+// change while the Client lives).
+func (o *observer) debug(ctx context.Context) bool {
+	return o.log != nil && o.log.Enabled(ctx, slog.LevelDebug)
+}
+
+// The classes of a lock, each an attribute value: its primitive and mode.
+const (
+	primMutex = iota
+	primRead
+	primWrite
+	primSemaphore
+	nPrim
+)
+
+var primNames = [nPrim]string{"mutex", "rwmutex.read", "rwmutex.write", "semaphore"}
+
+const (
+	modeDefault = iota
+	modeFair
+	modeQuorum
+	nMode
+)
+
+var modeNames = [nMode]string{"default", "fair", "quorum"}
+
+// class returns lk's primitive and mode.
+func (lk *lock) class() (prim, mode int) {
+	switch {
+	case lk.kind == wire.KindSemaphore:
+		prim = primSemaphore
+	case lk.kind == wire.KindRWMutex && lk.readSide:
+		prim = primRead
+	case lk.kind == wire.KindRWMutex:
+		prim = primWrite
+	}
+	switch {
+	case lk.c.q != nil:
+		mode = modeQuorum
+	case lk.fair:
+		mode = modeFair
+	}
+	return prim, mode
+}
+
+// callKind is what an acquiring call is: Lock (waits) or TryLock (one look).
+type callKind uint8
+
+const (
+	callLock callKind = iota
+	callTry
+	nCall
+)
+
+var callNames = [nCall]string{"lock", "try"}
+
+// spanNames are the span names of the acquiring calls, by primitive and call.
+var spanNames = [nPrim][nCall]string{
+	{"dlock.Lock", "dlock.TryLock"},
+	{"dlock.RLock", "dlock.TryRLock"},
+	{"dlock.Lock", "dlock.TryLock"},
+	{"dlock.Acquire", "dlock.TryAcquire"},
+}
+
+// errKind classifies a call's error for the error.type attribute; errNone
+// is success.
+type errKind uint8
+
+const (
+	errNone errKind = iota
+	errNotObtained
+	errCanceled
+	errDeadline
+	errClosed
+	errLost
+	errInvalid
+	errForeign
+	errNotReplicated
+	errRedis
+	errNet
+	errOther
+	nErr
+)
+
+// errTypes are the error.type values, by errKind.
+var errTypes = [nErr]string{"", "dlock.ErrNotObtained", "context.Canceled", "context.DeadlineExceeded",
+	"dlock.ErrClosed", "dlock.ErrLockLost", "dlock.ErrInvalidArgument", "dlock.ErrForeignKey",
+	"dlock.ErrNotReplicated", "redis.Error", "net.Error", "_OTHER"}
+
+func classify(err error) errKind {
+	var reply redis.Error
+	var ne net.Error
+	switch {
+	case err == nil:
+		return errNone
+	case errors.Is(err, ErrClosed):
+		return errClosed
+	case errors.Is(err, context.Canceled):
+		return errCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		return errDeadline
+	case errors.Is(err, ErrNotObtained):
+		return errNotObtained
+	case errors.Is(err, ErrLockLost):
+		return errLost
+	case errors.Is(err, ErrInvalidArgument):
+		return errInvalid
+	case errors.Is(err, ErrForeignKey):
+		return errForeign
+	case errors.Is(err, ErrNotReplicated):
+		return errNotReplicated
+	case errors.As(err, &reply):
+		return errRedis
+	case errors.As(err, &ne):
+		return errNet
+	}
+	return errOther
+}
+
+// acquireOutcome is the dlock.outcome of an acquiring call that ended with k.
+func acquireOutcome(k errKind) string {
+	switch k {
+	case errNone:
+		return "acquired"
+	case errNotObtained:
+		return "not_obtained"
+	case errCanceled, errDeadline:
+		return "canceled"
+	}
+	return "error"
+}
+
+// releaseOutcome is the dlock.outcome of an Unlock that ended with k.
+func releaseOutcome(k errKind) string {
+	switch k {
+	case errNone:
+		return "released"
+	case errLost:
+		return "lost"
+	case errCanceled, errDeadline:
+		return "canceled"
+	}
+	return "error"
+}
+
+// failed reports whether an outcome sets the span's status to Error.
+func failed(outcome string) bool { return outcome == "error" || outcome == "canceled" }
+
+// How a holding ended, for dlock.hold.duration.
+const (
+	endUnlocked = iota
+	endLost
+	endClosed
+	nEnd
+)
+
+var endNames = [nEnd]string{"unlocked", "lost", "closed"}
+
+// Renewal outcomes, for dlock.renewals.
+const (
+	renewOK = iota
+	renewLost
+	renewError
+	nRenew
+)
+
+var renewNames = [nRenew]string{"renewed", "lost", "error"}
+
+// Attribute keys.
+const (
+	keyPrimitive = attribute.Key("dlock.primitive")
+	keyMode      = attribute.Key("dlock.mode")
+	keyOperation = attribute.Key("dlock.operation")
+	keyOutcome   = attribute.Key("dlock.outcome")
+	keyErrorType = attribute.Key("error.type")
+	keyName      = attribute.Key("dlock.lock.name")
+	keyFence     = attribute.Key("dlock.fence")
+	keyVia       = attribute.Key("dlock.via")
+)
+
+// attrs is one precomputed combination of attributes: the list (to add the
+// lock name to) and the options that carry its set.
+type attrs struct {
+	kv  []attribute.KeyValue
+	rec []metric.RecordOption
+	add []metric.AddOption
+}
+
+func newAttrs(kv ...attribute.KeyValue) attrs {
+	s := attribute.NewSet(kv...)
+	o := metric.WithAttributeSet(s)
+	return attrs{kv: kv, rec: []metric.RecordOption{o}, add: []metric.AddOption{o}}
+}
+
+// withName is a with the lock name added (WithNameAttribute): built anew.
+func (a attrs) withName(name string) attrs {
+	kv := make([]attribute.KeyValue, 0, len(a.kv)+1)
+	kv = append(append(kv, a.kv...), keyName.String(name))
+	return newAttrs(kv...)
+}
+
+// meters are the Client's instruments, with every attribute set they use.
+type meters struct {
+	acquire, release, hold                         metric.Float64Histogram
+	held, waiters                                  metric.Int64UpDownCounter
+	contentions, renewals, lost, handovers, passes metric.Int64Counter
+
+	class   [nPrim][nMode]attrs
+	acqAt   [nPrim][nMode][nCall][nErr]attrs
+	relAt   [nPrim][nMode][nErr]attrs
+	holdAt  [nPrim][nMode][nEnd]attrs
+	renewAt [nPrim][nMode][nRenew]attrs
+}
+
+// Bucket boundaries, in seconds: acquisitions take from a fraction of a
+// millisecond (one round trip on a LAN) to as long as callers wait;
+// holdings last from milliseconds to hours.
+var (
+	acquireBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+	holdBuckets    = []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600}
+)
+
+func newMeters(m metric.Meter) *meters {
+	ms := &meters{}
+	// The API's instruments never fail in a way a caller can act on: an
+	// SDK that rejects one returns a working no-op instrument with the
+	// error (and reports it to the global error handler itself).
+	ms.acquire, _ = m.Float64Histogram("dlock.acquire.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time an acquiring call (Lock, TryLock, RLock, TryRLock, Acquire, TryAcquire) took, from call to return, by outcome."),
+		metric.WithExplicitBucketBoundaries(acquireBuckets...))
+	ms.release, _ = m.Float64Histogram("dlock.release.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time a Lease.Unlock call took, from call to return, by outcome."),
+		metric.WithExplicitBucketBoundaries(acquireBuckets...))
+	ms.hold, _ = m.Float64Histogram("dlock.hold.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time a lease was held: from the grant (or pass) to its end by Unlock, loss or Close."),
+		metric.WithExplicitBucketBoundaries(holdBuckets...))
+	ms.held, _ = m.Int64UpDownCounter("dlock.leases.held", metric.WithUnit("{lease}"),
+		metric.WithDescription("Leases this Client holds now (reentrant leases on one holding count once)."))
+	ms.waiters, _ = m.Int64UpDownCounter("dlock.waiters", metric.WithUnit("{call}"),
+		metric.WithDescription("Acquiring calls of this Client waiting now for a lock held by someone else."))
+	ms.contentions, _ = m.Int64Counter("dlock.contentions", metric.WithUnit("{call}"),
+		metric.WithDescription("Acquiring calls that found the lock held (a Lock that had to wait, a TryLock that was refused), once per call."))
+	ms.renewals, _ = m.Int64Counter("dlock.renewals", metric.WithUnit("{renewal}"),
+		metric.WithDescription("Watchdog renewals of a lease, by outcome."))
+	ms.lost, _ = m.Int64Counter("dlock.leases.lost", metric.WithUnit("{lease}"),
+		metric.WithDescription("Leases that ended lost: someone else may have held the lock since."))
+	ms.handovers, _ = m.Int64Counter("dlock.handovers", metric.WithUnit("{lease}"),
+		metric.WithDescription("Waiting calls that the releasing holder's script handed the lock to at Redis."))
+	ms.passes, _ = m.Int64Counter("dlock.passes", metric.WithUnit("{lease}"),
+		metric.WithDescription("Waiting calls that a holder of this Client passed the lock to, without a round trip (default mode)."))
+	for p := range nPrim {
+		for md := range nMode {
+			base := []attribute.KeyValue{keyPrimitive.String(primNames[p]), keyMode.String(modeNames[md])}
+			ms.class[p][md] = newAttrs(base...)
+			for k := range nErr {
+				ms.relAt[p][md][k] = newAttrs(outcomeAttrs(base, releaseOutcome(k), k)...)
+				for c := range nCall {
+					kv := append(append([]attribute.KeyValue{}, base...), keyOperation.String(callNames[c]))
+					ms.acqAt[p][md][c][k] = newAttrs(outcomeAttrs(kv, acquireOutcome(k), k)...)
+				}
+			}
+			for e := range nEnd {
+				ms.holdAt[p][md][e] = newAttrs(append(append([]attribute.KeyValue{}, base...), keyOutcome.String(endNames[e]))...)
+			}
+			for r := range nRenew {
+				ms.renewAt[p][md][r] = newAttrs(append(append([]attribute.KeyValue{}, base...), keyOutcome.String(renewNames[r]))...)
+			}
+		}
+	}
+	return ms
+}
+
+// outcomeAttrs is kv with dlock.outcome, and error.type when it failed.
+func outcomeAttrs(kv []attribute.KeyValue, outcome string, k errKind) []attribute.KeyValue {
+	out := append(append([]attribute.KeyValue{}, kv...), keyOutcome.String(outcome))
+	if failed(outcome) {
+		out = append(out, keyErrorType.String(errTypes[k]))
+	}
+	return out
+}
+
+// at returns a, with lk's name if the Client adds names.
+func (o *observer) at(a attrs, lk *lock) attrs {
+	if o.name {
+		return a.withName(lk.name)
+	}
+	return a
+}
+
+// Precomputed span attributes.
+var (
+	spanStart [nPrim][nMode][nCall][]trace.SpanStartOption
+	spanEnd   [nErr][]attribute.KeyValue // acquiring calls
+	spanRel   [nErr][]attribute.KeyValue // Unlock
+	relStart  [nPrim][nMode][]trace.SpanStartOption
+	viaAttrs  = [...]attribute.KeyValue{keyVia.String("look"), keyVia.String("handover"), keyVia.String("pass"), keyVia.String("reentry")}
+)
+
+func init() {
+	for p := range nPrim {
+		for md := range nMode {
+			base := []attribute.KeyValue{keyPrimitive.String(primNames[p]), keyMode.String(modeNames[md])}
+			relStart[p][md] = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(base...)}
+			for c := range nCall {
+				kv := append(append([]attribute.KeyValue{}, base...), keyOperation.String(callNames[c]))
+				spanStart[p][md][c] = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(kv...)}
+			}
+		}
+	}
+	for k := range nErr {
+		spanEnd[k] = outcomeAttrs(nil, acquireOutcome(k), k)
+		spanRel[k] = outcomeAttrs(nil, releaseOutcome(k), k)
+	}
+}
+
+// startOpts are the span start options of an acquiring call on lk.
+func (o *observer) startOpts(lk *lock, prim, mode int, call callKind) []trace.SpanStartOption {
+	if o.name {
+		return append(spanStart[prim][mode][call][:2:2], trace.WithAttributes(keyName.String(lk.name)))
+	}
+	return spanStart[prim][mode][call]
+}
+
+// How an acquiring call obtained the lock (dlock.via on its span).
+const (
+	viaLook     = iota // its own acquire found it free (or already its own)
+	viaHandOver        // a release at Redis handed it over
+	viaPass            // a holder of this Client passed it
+	viaReentry         // it re-entered a holding of its ctx
+)
+
+// op is one acquiring call being observed. It is the call's ctx from the
+// hook on (one allocation for both), so that the hooks inside the engine
+// find it; it carries no span: the lease context, made from the call's
+// ctx, must not make the caller's later spans children of dlock's.
+type op struct {
+	context.Context
+	o          *observer
+	lk         *lock
+	call       callKind
+	prim, mode int
+	start      time.Time
+	sctx       context.Context // the call's ctx with its span (parent of the wait span)
+	span       trace.Span      // nil: no tracer
+	wait       trace.Span      // the wait span, while it waits
+	waitStart  time.Time
+	waited     bool
+	via        int
+	ended      bool // the call has returned: hooks of a later call must not use it
+}
+
+type opKey struct{}
+
+// Value makes an op findable from the call's ctx, and anything else as
+// the caller's ctx has it.
+func (p *op) Value(key any) any {
+	if key == (opKey{}) {
+		return p
+	}
+	return p.Context.Value(key)
+}
+
+// opOf is the op of lk's call that ctx belongs to, or nil.
+func opOf(ctx context.Context, lk *lock) *op {
+	p, _ := ctx.Value(opKey{}).(*op)
+	if p == nil || p.lk != lk || p.ended {
+		return nil
+	}
+	return p
+}
+
+// acquire starts observing an acquiring call on lk: *ctx becomes the op.
+// The caller defers the op's end with its results.
+func (o *observer) acquire(ctx *context.Context, lk *lock, call callKind) *op {
+	if o == nil {
+		return nil
+	}
+	return o.startAcquire(ctx, lk, call)
+}
+
+func (o *observer) startAcquire(ctx *context.Context, lk *lock, call callKind) *op {
+	if o.m == nil && o.tr == nil && !o.debug(*ctx) {
+		return nil
+	}
+	prim, mode := lk.class()
+	p := &op{Context: *ctx, o: o, lk: lk, call: call, prim: prim, mode: mode, start: time.Now(), sctx: *ctx}
+	if o.tr != nil {
+		p.sctx, p.span = o.tr.Start(*ctx, spanNames[prim][call], o.startOpts(lk, prim, mode, call)...)
+	}
+	*ctx = p
+	return p
+}
+
+// end records the call's result.
+func (p *op) end(l **Lease, err *error) {
+	if p != nil {
+		p.finish(*l, *err)
+	}
+}
+
+func (p *op) finish(l *Lease, err error) {
+	o := p.o
+	p.ended = true
+	took := time.Since(p.start)
+	k := classify(err)
+	if l != nil && l != &l.h.first {
+		p.via = viaReentry
+	}
+	if o.m != nil {
+		o.m.acquire.Record(p.sctx, took.Seconds(), o.at(o.m.acqAt[p.prim][p.mode][p.call][k], p.lk).rec...)
+	}
+	if p.wait != nil { // not ended by the wait (cannot happen): end it with the call
+		p.wait.End()
+	}
+	var fence uint64
+	if l != nil {
+		fence = l.Fence()
+	}
+	if p.span != nil {
+		p.span.SetAttributes(spanEnd[k]...)
+		if l != nil {
+			p.span.SetAttributes(keyFence.Int64(int64(fence)), viaAttrs[p.via])
+		}
+		if failed(acquireOutcome(k)) {
+			p.span.SetStatus(codes.Error, err.Error())
+		}
+		p.span.End()
+	}
+	if o.debug(p.Context) {
+		attrs := []slog.Attr{slog.String("lock", p.lk.name), slog.String("primitive", primNames[p.prim]),
+			slog.String("mode", modeNames[p.mode]), slog.String("operation", callNames[p.call]),
+			slog.String("outcome", acquireOutcome(k)), slog.Duration("took", took)}
+		if p.waited {
+			attrs = append(attrs, slog.Duration("waited", time.Since(p.waitStart)))
+		}
+		if l != nil {
+			attrs = append(attrs, slog.Uint64("fence", fence), slog.String("via", viaAttrs[p.via].Value.AsString()), slog.String("owner", ownerTag(l.h.token)))
+		} else if err != nil {
+			attrs = append(attrs, slog.String("err", err.Error()))
+		}
+		o.log.LogAttrs(p.Context, slog.LevelDebug, "dlock: acquire", attrs...)
+	}
+}
+
+// waitMark is a wait being observed; the zero value observes nothing.
+type waitMark struct {
+	o  *observer
+	lk *lock
+	p  *op
+	at attrs
+}
+
+// waiting starts observing a call that waits for lk (it found the lock
+// held): a contention, one more waiter, the wait span. The caller defers
+// its done.
+func (o *observer) waiting(ctx context.Context, lk *lock) waitMark {
+	if o == nil {
+		return waitMark{}
+	}
+	return o.startWait(ctx, lk)
+}
+
+func (o *observer) startWait(ctx context.Context, lk *lock) waitMark {
+	w := waitMark{o: o, lk: lk, p: opOf(ctx, lk)}
+	if o.m != nil {
+		prim, mode := lk.class()
+		w.at = o.at(o.m.class[prim][mode], lk)
+		o.m.contentions.Add(ctx, 1, w.at.add...)
+		o.m.waiters.Add(ctx, 1, w.at.add...)
+	}
+	if p := w.p; p != nil {
+		p.waited, p.waitStart = true, time.Now()
+		if p.span != nil {
+			_, p.wait = o.tr.Start(p.sctx, "dlock.wait", trace.WithSpanKind(trace.SpanKindInternal))
+		}
+	}
+	if o.debug(ctx) {
+		o.log.LogAttrs(ctx, slog.LevelDebug, "dlock: waiting", slog.String("lock", lk.name))
+	}
+	return w
+}
+
+// done ends the wait w observes.
+func (w waitMark) done() {
+	if w.o != nil {
+		w.o.endWait(w)
+	}
+}
+
+func (o *observer) endWait(w waitMark) {
+	if o.m != nil {
+		o.m.waiters.Add(context.Background(), -1, w.at.add...)
+	}
+	if p := w.p; p != nil && p.wait != nil {
+		p.wait.End()
+		p.wait = nil
+	}
+}
+
+// refused observes a TryLock that found lk held: a contention.
+func (o *observer) refused(ctx context.Context, lk *lock) {
+	if o != nil && o.m != nil {
+		prim, mode := lk.class()
+		o.m.contentions.Add(ctx, 1, o.at(o.m.class[prim][mode], lk).add...)
+	}
+}
+
+// handedOver observes a waiting call on lk that a release at Redis
+// handed the lock to.
+func (o *observer) handedOver(ctx context.Context, lk *lock) {
+	if o != nil {
+		o.obtainedBy(ctx, lk, viaHandOver)
+	}
+}
+
+// passedTo observes a waiting call on lk that a holder of this Client
+// passed the lock to.
+func (o *observer) passedTo(ctx context.Context, lk *lock) {
+	if o != nil {
+		o.obtainedBy(ctx, lk, viaPass)
+	}
+}
+
+func (o *observer) obtainedBy(ctx context.Context, lk *lock, via int) {
+	if o.m != nil {
+		prim, mode := lk.class()
+		c := o.m.handovers
+		if via == viaPass {
+			c = o.m.passes
+		}
+		c.Add(ctx, 1, o.at(o.m.class[prim][mode], lk).add...)
+	}
+	if p := opOf(ctx, lk); p != nil {
+		p.via = via
+	}
+}
+
+// held observes a holding that became live (granted, handed over or
+// passed to): one more lease held.
+func (o *observer) held(h *holding) {
+	if o == nil || (o.m == nil && o.log == nil) {
+		return
+	}
+	h.obsAt = time.Now()
+	if o.m != nil {
+		prim, mode := h.lk.class()
+		o.m.held.Add(context.Background(), 1, o.at(o.m.class[prim][mode], h.lk).add...)
+	}
+}
+
+// ended observes a holding that went from state from to to (see
+// holding.end): a lease no longer held, and how long it was; a lost one.
+func (o *observer) ended(h *holding, from, to state) {
+	if o == nil {
+		return
+	}
+	if from.live() && o.m != nil && !h.obsAt.IsZero() {
+		prim, mode := h.lk.class()
+		e := endUnlocked
+		switch to {
+		case lost:
+			e = endLost
+		case closed:
+			e = endClosed
+		}
+		ctx := context.Background()
+		o.m.held.Add(ctx, -1, o.at(o.m.class[prim][mode], h.lk).add...)
+		o.m.hold.Record(ctx, time.Since(h.obsAt).Seconds(), o.at(o.m.holdAt[prim][mode][e], h.lk).rec...)
+	}
+	if to == lost {
+		o.lostOne(h)
+	}
+}
+
+// settled observes an ending or passing holding made final: a lost one
+// (Unlock, or a pass record, found the lock no longer its own).
+func (o *observer) settled(h *holding, to state) {
+	if o != nil && to == lost {
+		o.lostOne(h)
+	}
+}
+
+func (o *observer) lostOne(h *holding) {
+	if o.m != nil {
+		prim, mode := h.lk.class()
+		o.m.lost.Add(context.Background(), 1, o.at(o.m.class[prim][mode], h.lk).add...)
+	}
+}
+
+// renewed observes one watchdog renewal of h with outcome r.
+func (o *observer) renewed(h *holding, r int) {
+	if o == nil {
+		return
+	}
+	ctx := context.Background()
+	if o.m != nil {
+		prim, mode := h.lk.class()
+		o.m.renewals.Add(ctx, 1, o.at(o.m.renewAt[prim][mode][r], h.lk).add...)
+	}
+	if r == renewOK && o.debug(ctx) {
+		o.log.LogAttrs(ctx, slog.LevelDebug, "dlock: renewed", slog.String("lock", h.lk.name), slog.Uint64("fence", h.fence))
+	}
+}
+
+// relMark is an Unlock being observed; the zero value observes nothing.
+type relMark struct {
+	o     *observer
+	l     *Lease
+	ctx   context.Context
+	start time.Time
+	span  trace.Span
+}
+
+// release starts observing l's Unlock; the caller defers its end.
+func (o *observer) release(ctx context.Context, l *Lease) relMark {
+	if o == nil {
+		return relMark{}
+	}
+	return o.startRelease(ctx, l)
+}
+
+func (o *observer) startRelease(ctx context.Context, l *Lease) relMark {
+	if o.m == nil && o.tr == nil && !o.debug(ctx) {
+		return relMark{}
+	}
+	r := relMark{o: o, l: l, ctx: ctx, start: time.Now()}
+	if o.tr != nil {
+		prim, mode := l.h.lk.class()
+		opts := relStart[prim][mode]
+		if o.name {
+			opts = append(opts[:2:2], trace.WithAttributes(keyName.String(l.h.lk.name)))
+		}
+		r.ctx, r.span = o.tr.Start(ctx, "dlock.Unlock", opts...)
+	}
+	return r
+}
+
+// end records the Unlock's result.
+func (r relMark) end(err *error) {
+	if r.o != nil {
+		r.o.endRelease(r, *err)
+	}
+}
+
+func (o *observer) endRelease(r relMark, err error) {
+	h := r.l.h
+	took := time.Since(r.start)
+	k := classify(err)
+	if o.m != nil {
+		prim, mode := h.lk.class()
+		o.m.release.Record(r.ctx, took.Seconds(), o.at(o.m.relAt[prim][mode][k], h.lk).rec...)
+	}
+	if r.span != nil {
+		r.span.SetAttributes(spanRel[k]...)
+		r.span.SetAttributes(keyFence.Int64(int64(r.l.Fence())))
+		if failed(releaseOutcome(k)) {
+			r.span.SetStatus(codes.Error, err.Error())
+		}
+		r.span.End()
+	}
+	if o.debug(r.ctx) {
+		attrs := []slog.Attr{slog.String("lock", h.lk.name), slog.String("outcome", releaseOutcome(k)),
+			slog.Uint64("fence", r.l.Fence()), slog.Duration("took", took), slog.String("owner", ownerTag(h.token))}
+		if err != nil {
+			attrs = append(attrs, slog.String("err", err.Error()))
+		}
+		o.log.LogAttrs(r.ctx, slog.LevelDebug, "dlock: unlock", attrs...)
+	}
+}
+
+// ownerTag is a short hash of an owner token, so that debug lines about
+// one holding can be matched without logging the token (which would let
+// a reader of the logs release or extend the lock).
+func ownerTag(token string) string {
+	f := fnv.New32a()
+	_, _ = f.Write([]byte(token))
+	return strconv.FormatUint(uint64(f.Sum32()), 16)
+}
