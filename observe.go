@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/wire"
@@ -81,7 +82,7 @@ func newObserver(cfg clientConfig) *observer {
 		o.tr = cfg.obs.tp.Tracer(scope)
 	}
 	if cfg.obs.mp != nil {
-		o.m = newMeters(cfg.obs.mp.Meter(scope))
+		o.m = newMeters(cfg.obs.mp.Meter(scope), cfg.obs.name)
 	}
 	if o.log == nil && o.tr == nil && o.m == nil {
 		return nil
@@ -179,11 +180,18 @@ var errTypes = [nErr]string{"", "dlock.ErrNotObtained", "context.Canceled", "con
 	"dlock.ErrNotReplicated", "redis.Error", "net.Error", "_OTHER"}
 
 func classify(err error) errKind {
+	if err == nil {
+		return errNone
+	}
+	return classifyErr(err)
+}
+
+// classifyErr is classify of an error (its errors.As targets escape: a
+// call for nil must not make them).
+func classifyErr(err error) errKind {
 	var reply redis.Error
 	var ne net.Error
 	switch {
-	case err == nil:
-		return errNone
 	case errors.Is(err, ErrClosed):
 		return errClosed
 	case errors.Is(err, context.Canceled):
@@ -275,12 +283,13 @@ type attrs struct {
 	kv  []attribute.KeyValue
 	rec []metric.RecordOption
 	add []metric.AddOption
+	obs []metric.ObserveOption
 }
 
 func newAttrs(kv ...attribute.KeyValue) attrs {
 	s := attribute.NewSet(kv...)
 	o := metric.WithAttributeSet(s)
-	return attrs{kv: kv, rec: []metric.RecordOption{o}, add: []metric.AddOption{o}}
+	return attrs{kv: kv, rec: []metric.RecordOption{o}, add: []metric.AddOption{o}, obs: []metric.ObserveOption{o}}
 }
 
 // withName is a with the lock name added (WithNameAttribute): built anew.
@@ -293,8 +302,13 @@ func (a attrs) withName(name string) attrs {
 // meters are the Client's instruments, with every attribute set they use.
 type meters struct {
 	acquire, release, hold                         metric.Float64Histogram
-	held, waiters                                  metric.Int64UpDownCounter
+	held, waiters                                  metric.Int64UpDownCounter // held: with WithNameAttribute only
 	contentions, renewals, lost, handovers, passes metric.Int64Counter
+
+	// Without names, dlock.leases.held is observed from counts kept here
+	// (an atomic add per grant and end, not two measurements per cycle).
+	heldN    [nPrim][nMode]atomic.Int64
+	heldSeen [nPrim][nMode]atomic.Bool // report 0 once a class has been held, not nothing
 
 	class   [nPrim][nMode]attrs
 	acqAt   [nPrim][nMode][nCall][nErr]attrs
@@ -311,7 +325,7 @@ var (
 	holdBuckets    = []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600}
 )
 
-func newMeters(m metric.Meter) *meters {
+func newMeters(m metric.Meter, names bool) *meters {
 	ms := &meters{}
 	// The API's instruments never fail in a way a caller can act on: an
 	// SDK that rejects one returns a working no-op instrument with the
@@ -325,8 +339,13 @@ func newMeters(m metric.Meter) *meters {
 	ms.hold, _ = m.Float64Histogram("dlock.hold.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time a lease was held: from the grant (or pass) to its end by Unlock, loss or Close."),
 		metric.WithExplicitBucketBoundaries(holdBuckets...))
-	ms.held, _ = m.Int64UpDownCounter("dlock.leases.held", metric.WithUnit("{lease}"),
-		metric.WithDescription("Leases this Client holds now (reentrant leases on one holding count once)."))
+	const heldDesc = "Leases this Client holds now (reentrant leases on one holding count once)."
+	if names {
+		ms.held, _ = m.Int64UpDownCounter("dlock.leases.held", metric.WithUnit("{lease}"), metric.WithDescription(heldDesc))
+	} else {
+		_, _ = m.Int64ObservableUpDownCounter("dlock.leases.held", metric.WithUnit("{lease}"), metric.WithDescription(heldDesc),
+			metric.WithInt64Callback(ms.observeHeld))
+	}
 	ms.waiters, _ = m.Int64UpDownCounter("dlock.waiters", metric.WithUnit("{call}"),
 		metric.WithDescription("Acquiring calls of this Client waiting now for a lock held by someone else."))
 	ms.contentions, _ = m.Int64Counter("dlock.contentions", metric.WithUnit("{call}"),
@@ -361,6 +380,28 @@ func newMeters(m metric.Meter) *meters {
 	return ms
 }
 
+// observeHeld reports dlock.leases.held from the counts.
+func (ms *meters) observeHeld(_ context.Context, o metric.Int64Observer) error {
+	for p := range nPrim {
+		for md := range nMode {
+			if ms.heldSeen[p][md].Load() {
+				o.Observe(ms.heldN[p][md].Load(), ms.class[p][md].obs...)
+			}
+		}
+	}
+	return nil
+}
+
+// heldAdd adds d to the leases held of lk's class.
+func (o *observer) heldAdd(lk *lock, prim, mode int, d int64) {
+	if o.name {
+		o.m.held.Add(context.Background(), d, o.at(o.m.class[prim][mode], lk).add...)
+		return
+	}
+	o.m.heldSeen[prim][mode].Store(true)
+	o.m.heldN[prim][mode].Add(d)
+}
+
 // outcomeAttrs is kv with dlock.outcome, and error.type when it failed.
 func outcomeAttrs(kv []attribute.KeyValue, outcome string, k errKind) []attribute.KeyValue {
 	out := append(append([]attribute.KeyValue{}, kv...), keyOutcome.String(outcome))
@@ -378,38 +419,40 @@ func (o *observer) at(a attrs, lk *lock) attrs {
 	return a
 }
 
-// Precomputed span attributes.
+// Precomputed span attributes: a span's attributes are all set in one
+// call as it ends (spans start with none), since the SDK copies and grows
+// a span's attribute list at each call and start option; that halves what
+// tracing an uncontended lock and unlock costs.
 var (
-	spanStart [nPrim][nMode][nCall][]trace.SpanStartOption
-	spanEnd   [nErr][]attribute.KeyValue // acquiring calls
-	spanRel   [nErr][]attribute.KeyValue // Unlock
-	relStart  [nPrim][nMode][]trace.SpanStartOption
-	viaAttrs  = [...]attribute.KeyValue{keyVia.String("look"), keyVia.String("handover"), keyVia.String("pass"), keyVia.String("reentry")}
+	acqSpan  [nPrim][nMode][nErr][]attribute.KeyValue // an acquiring call's, without its lease's
+	relSpan  [nPrim][nMode][nErr][]attribute.KeyValue // an Unlock's
+	viaAttrs = [...]attribute.KeyValue{keyVia.String("look"), keyVia.String("handover"), keyVia.String("pass"), keyVia.String("reentry")}
 )
 
 func init() {
 	for p := range nPrim {
 		for md := range nMode {
 			base := []attribute.KeyValue{keyPrimitive.String(primNames[p]), keyMode.String(modeNames[md])}
-			relStart[p][md] = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(base...)}
-			for c := range nCall {
-				kv := append(append([]attribute.KeyValue{}, base...), keyOperation.String(callNames[c]))
-				spanStart[p][md][c] = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(kv...)}
+			for k := range nErr {
+				acqSpan[p][md][k] = outcomeAttrs(base, acquireOutcome(k), k)
+				relSpan[p][md][k] = outcomeAttrs(base, releaseOutcome(k), k)
 			}
 		}
 	}
-	for k := range nErr {
-		spanEnd[k] = outcomeAttrs(nil, acquireOutcome(k), k)
-		spanRel[k] = outcomeAttrs(nil, releaseOutcome(k), k)
-	}
 }
 
-// startOpts are the span start options of an acquiring call on lk.
-func (o *observer) startOpts(lk *lock, prim, mode int, call callKind) []trace.SpanStartOption {
-	if o.name {
-		return append(spanStart[prim][mode][call][:2:2], trace.WithAttributes(keyName.String(lk.name)))
+// spanAttrs is pre with the lock's name if the Client adds names, and
+// extra; pre itself when there is neither (no allocation).
+func (o *observer) spanAttrs(pre []attribute.KeyValue, lk *lock, extra ...attribute.KeyValue) []attribute.KeyValue {
+	if !o.name && len(extra) == 0 {
+		return pre
 	}
-	return spanStart[prim][mode][call]
+	kv := make([]attribute.KeyValue, 0, len(pre)+len(extra)+1)
+	kv = append(append(kv, pre...), extra...)
+	if o.name {
+		kv = append(kv, keyName.String(lk.name))
+	}
+	return kv
 }
 
 // How an acquiring call obtained the lock (dlock.via on its span).
@@ -476,7 +519,7 @@ func (o *observer) startAcquire(ctx *context.Context, lk *lock, call callKind) *
 	prim, mode := lk.class()
 	p := &op{Context: *ctx, o: o, lk: lk, call: call, prim: prim, mode: mode, start: time.Now(), sctx: *ctx}
 	if o.tr != nil {
-		p.sctx, p.span = o.tr.Start(*ctx, spanNames[prim][call], o.startOpts(lk, prim, mode, call)...)
+		p.sctx, p.span = o.tr.Start(*ctx, spanNames[prim][call])
 	}
 	*ctx = p
 	return p
@@ -508,9 +551,11 @@ func (p *op) finish(l *Lease, err error) {
 		fence = l.Fence()
 	}
 	if p.span != nil {
-		p.span.SetAttributes(spanEnd[k]...)
+		pre := acqSpan[p.prim][p.mode][k]
 		if l != nil {
-			p.span.SetAttributes(keyFence.Int64(int64(fence)), viaAttrs[p.via])
+			p.span.SetAttributes(o.spanAttrs(pre, p.lk, viaAttrs[p.via], keyFence.Int64(int64(fence)))...)
+		} else {
+			p.span.SetAttributes(o.spanAttrs(pre, p.lk)...)
 		}
 		if failed(acquireOutcome(k)) {
 			p.span.SetStatus(codes.Error, err.Error())
@@ -562,7 +607,7 @@ func (o *observer) startWait(ctx context.Context, lk *lock) waitMark {
 	if p := w.p; p != nil {
 		p.waited, p.waitStart = true, time.Now()
 		if p.span != nil {
-			_, p.wait = o.tr.Start(p.sctx, "dlock.wait", trace.WithSpanKind(trace.SpanKindInternal))
+			_, p.wait = o.tr.Start(p.sctx, "dlock.wait")
 		}
 	}
 	if o.debug(ctx) {
@@ -635,7 +680,7 @@ func (o *observer) held(h *holding) {
 	h.obsAt = time.Now()
 	if o.m != nil {
 		prim, mode := h.lk.class()
-		o.m.held.Add(context.Background(), 1, o.at(o.m.class[prim][mode], h.lk).add...)
+		o.heldAdd(h.lk, prim, mode, 1)
 	}
 }
 
@@ -655,7 +700,7 @@ func (o *observer) ended(h *holding, from, to state) {
 			e = endClosed
 		}
 		ctx := context.Background()
-		o.m.held.Add(ctx, -1, o.at(o.m.class[prim][mode], h.lk).add...)
+		o.heldAdd(h.lk, prim, mode, -1)
 		o.m.hold.Record(ctx, time.Since(h.obsAt).Seconds(), o.at(o.m.holdAt[prim][mode][e], h.lk).rec...)
 	}
 	if to == lost {
@@ -716,12 +761,7 @@ func (o *observer) startRelease(ctx context.Context, l *Lease) relMark {
 	}
 	r := relMark{o: o, l: l, ctx: ctx, start: time.Now()}
 	if o.tr != nil {
-		prim, mode := l.h.lk.class()
-		opts := relStart[prim][mode]
-		if o.name {
-			opts = append(opts[:2:2], trace.WithAttributes(keyName.String(l.h.lk.name)))
-		}
-		r.ctx, r.span = o.tr.Start(ctx, "dlock.Unlock", opts...)
+		r.ctx, r.span = o.tr.Start(ctx, "dlock.Unlock")
 	}
 	return r
 }
@@ -737,13 +777,12 @@ func (o *observer) endRelease(r relMark, err error) {
 	h := r.l.h
 	took := time.Since(r.start)
 	k := classify(err)
+	prim, mode := h.lk.class()
 	if o.m != nil {
-		prim, mode := h.lk.class()
 		o.m.release.Record(r.ctx, took.Seconds(), o.at(o.m.relAt[prim][mode][k], h.lk).rec...)
 	}
 	if r.span != nil {
-		r.span.SetAttributes(spanRel[k]...)
-		r.span.SetAttributes(keyFence.Int64(int64(r.l.Fence())))
+		r.span.SetAttributes(o.spanAttrs(relSpan[prim][mode][k], h.lk)...) // its fence is on its Lock's span
 		if failed(releaseOutcome(k)) {
 			r.span.SetStatus(codes.Error, err.Error())
 		}

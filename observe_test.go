@@ -207,9 +207,15 @@ func TestObserveUncontended(t *testing.T) {
 		if sp.Status().Code != codes.Unset {
 			t.Errorf("span %s: status %v, want unset", sp.Name(), sp.Status())
 		}
-		if f := spanAttr(sp, "dlock.fence").AsInt64(); f != int64(l.Fence()) {
-			t.Errorf("span %s: dlock.fence %d, want %d", sp.Name(), f, l.Fence())
+		if spanAttr(sp, "dlock.primitive").AsString() != "mutex" || spanAttr(sp, "dlock.mode").AsString() != "default" {
+			t.Errorf("span %s: attributes %v, want dlock.primitive mutex, dlock.mode default", sp.Name(), sp.Attributes())
 		}
+	}
+	if f := spanAttr(locks[0], "dlock.fence").AsInt64(); f != int64(l.Fence()) {
+		t.Errorf("dlock.Lock: dlock.fence %d, want %d", f, l.Fence())
+	}
+	if v := spanAttr(unlocks[0], "dlock.outcome").AsString(); v != "released" {
+		t.Errorf("dlock.Unlock outcome %q, want released", v)
 	}
 	if v := spanAttr(locks[0], "dlock.outcome").AsString(); v != "acquired" {
 		t.Errorf("dlock.Lock outcome %q, want acquired", v)
@@ -652,10 +658,11 @@ func TestObserveNameAttribute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	named := attribute.String("dlock.lock.name", "obs/named")
+	o.want("dlock.leases.held", 1, named)
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	named := attribute.String("dlock.lock.name", "obs/named")
 	for _, m := range []string{"dlock.acquire.duration", "dlock.release.duration", "dlock.hold.duration"} {
 		o.want(m, 1, named)
 	}
