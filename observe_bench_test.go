@@ -1,0 +1,57 @@
+package dlock
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+)
+
+// BenchmarkObserveHooks measures what observing one uncontended lock and
+// unlock costs on its own (no Redis): the hooks a Lock and an Unlock run,
+// with no providers, with metrics (a ManualReader nobody collects), with
+// spans (default sampler, no exporter) and with both.
+func BenchmarkObserveHooks(b *testing.B) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	tp := sdktrace.NewTracerProvider()
+	for _, bc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"off", nil},
+		{"metrics", []Option{WithMeterProvider(mp)}},
+		{"traces", []Option{WithTracerProvider(tp)}},
+		{"both", []Option{WithMeterProvider(mp), WithTracerProvider(tp)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := New(rdb, bc.opts...)
+			defer c.Close()
+			m := c.Mutex("bench")
+			b.ReportAllocs()
+			for b.Loop() {
+				observeCycle(c, &m.lk)
+			}
+		})
+	}
+}
+
+// observeCycle runs the hooks of one uncontended Lock and Unlock, in the
+// order the engine runs them.
+func observeCycle(c *Client, lk *lock) {
+	ctx := context.Background()
+	var l *Lease
+	var err error
+	p := c.obs.acquire(&ctx, lk, callLock)
+	h := &holding{c: c, lk: lk, token: "t", st: held}
+	h.first.h = h
+	c.obs.held(h)
+	l = &h.first
+	p.end(&l, &err)
+	r := c.obs.release(context.Background(), l)
+	c.obs.ended(h, held, ending)
+	r.end(&err)
+}
