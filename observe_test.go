@@ -769,8 +769,8 @@ type logRecorder struct {
 }
 
 func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler        { return r }
-func (r *logRecorder) WithGroup(string) slog.Handler             { return r }
+func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *logRecorder) WithGroup(string) slog.Handler            { return r }
 func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
 	var b strings.Builder
 	b.WriteString(rec.Message)
