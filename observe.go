@@ -146,12 +146,14 @@ const (
 
 var callNames = [nCall]string{"lock", "try"}
 
-// spanNames are the span names of the acquiring calls, by primitive and call.
+// spanNames are the span names of the acquiring calls, by primitive and
+// call: the type and method called, so that a span says what it is
+// without an attribute (every attribute costs the span's recording).
 var spanNames = [nPrim][nCall]string{
-	{"dlock.Lock", "dlock.TryLock"},
-	{"dlock.RLock", "dlock.TryRLock"},
-	{"dlock.Lock", "dlock.TryLock"},
-	{"dlock.Acquire", "dlock.TryAcquire"},
+	{"dlock.Mutex.Lock", "dlock.Mutex.TryLock"},
+	{"dlock.RWMutex.RLock", "dlock.RWMutex.TryRLock"},
+	{"dlock.RWMutex.Lock", "dlock.RWMutex.TryLock"},
+	{"dlock.Semaphore.Acquire", "dlock.Semaphore.TryAcquire"},
 }
 
 // errKind classifies a call's error for the error.type attribute; errNone
@@ -419,36 +421,51 @@ func (o *observer) at(a attrs, lk *lock) attrs {
 	return a
 }
 
-// Precomputed span attributes: a span's attributes are all set in one
-// call as it ends (spans start with none), since the SDK copies and grows
-// a span's attribute list at each call and start option; that halves what
-// tracing an uncontended lock and unlock costs.
+// Span attributes. The SDK copies and grows a span's attribute list at
+// each call and start option, and each attribute costs its recording
+// (BenchmarkObserveHooks): so a span starts bare and gets its few
+// attributes in one call as it ends, from precomputed lists where they do
+// not depend on the call. A span carries dlock.outcome (and error.type
+// when it failed), dlock.fence and dlock.via on an acquisition, and
+// dlock.mode only when it is not the default.
 var (
-	acqSpan  [nPrim][nMode][nErr][]attribute.KeyValue // an acquiring call's, without its lease's
-	relSpan  [nPrim][nMode][nErr][]attribute.KeyValue // an Unlock's
+	acqSpan  [nMode][nErr][]attribute.KeyValue // an acquiring call's that obtained nothing
+	relSpan  [nMode][nErr][]attribute.KeyValue // an Unlock's
 	viaAttrs = [...]attribute.KeyValue{keyVia.String("look"), keyVia.String("handover"), keyVia.String("pass"), keyVia.String("reentry")}
+	modeAttr [nMode]attribute.KeyValue
 )
 
 func init() {
-	for p := range nPrim {
-		for md := range nMode {
-			base := []attribute.KeyValue{keyPrimitive.String(primNames[p]), keyMode.String(modeNames[md])}
-			for k := range nErr {
-				acqSpan[p][md][k] = outcomeAttrs(base, acquireOutcome(k), k)
-				relSpan[p][md][k] = outcomeAttrs(base, releaseOutcome(k), k)
-			}
+	for md := range nMode {
+		modeAttr[md] = keyMode.String(modeNames[md])
+		var base []attribute.KeyValue
+		if md != modeDefault {
+			base = []attribute.KeyValue{modeAttr[md]}
+		}
+		for k := range nErr {
+			acqSpan[md][k] = outcomeAttrs(base, acquireOutcome(k), k)
+			relSpan[md][k] = outcomeAttrs(base, releaseOutcome(k), k)
 		}
 	}
 }
 
-// spanAttrs is pre with the lock's name if the Client adds names, and
-// extra; pre itself when there is neither (no allocation).
-func (o *observer) spanAttrs(pre []attribute.KeyValue, lk *lock, extra ...attribute.KeyValue) []attribute.KeyValue {
-	if !o.name && len(extra) == 0 {
+// spanAttrs is pre with the lock's name if the Client adds names; pre
+// itself without (no allocation).
+func (o *observer) spanAttrs(pre []attribute.KeyValue, lk *lock) []attribute.KeyValue {
+	if !o.name {
 		return pre
 	}
-	kv := make([]attribute.KeyValue, 0, len(pre)+len(extra)+1)
-	kv = append(append(kv, pre...), extra...)
+	return append(append(make([]attribute.KeyValue, 0, len(pre)+1), pre...), keyName.String(lk.name))
+}
+
+// leaseAttrs are the attributes of an acquiring call's span that obtained
+// a lease with fence, via via.
+func (o *observer) leaseAttrs(lk *lock, mode int, fence uint64, via int) []attribute.KeyValue {
+	kv := make([]attribute.KeyValue, 0, 5)
+	kv = append(kv, acqSpan[modeDefault][errNone][0], keyFence.Int64(int64(fence)), viaAttrs[via])
+	if mode != modeDefault {
+		kv = append(kv, modeAttr[mode])
+	}
 	if o.name {
 		kv = append(kv, keyName.String(lk.name))
 	}
@@ -463,24 +480,32 @@ const (
 	viaReentry         // it re-entered a holding of its ctx
 )
 
-// op is one acquiring call being observed. It is the call's ctx from the
-// hook on (one allocation for both), so that the hooks inside the engine
-// find it; it carries no span: the lease context, made from the call's
-// ctx, must not make the caller's later spans children of dlock's.
+// acqMark is an acquiring call being observed; the zero value observes
+// nothing. It lives in the call's defer record: only a traced (or debug
+// logged) call allocates, its op.
+type acqMark struct {
+	o     *observer
+	lk    *lock
+	call  callKind
+	start time.Time
+	p     *op // nil: neither spans nor debug lines
+}
+
+// op is what the hooks inside the engine need of a traced or logged
+// acquiring call. It is the call's ctx from the hook on (one allocation
+// for both), so that those hooks find it; it carries no span: the lease
+// context, made from the call's ctx, must not make the caller's later
+// spans children of dlock's.
 type op struct {
 	context.Context
-	o          *observer
-	lk         *lock
-	call       callKind
-	prim, mode int
-	start      time.Time
-	sctx       context.Context // the call's ctx with its span (parent of the wait span)
-	span       trace.Span      // nil: no tracer
-	wait       trace.Span      // the wait span, while it waits
-	waitStart  time.Time
-	waited     bool
-	via        int
-	ended      bool // the call has returned: hooks of a later call must not use it
+	lk        *lock
+	sctx      context.Context // the call's ctx with its span (parent of the wait span)
+	span      trace.Span      // nil: no span (no tracer, or not recording)
+	wait      trace.Span      // the wait span, while it waits
+	waitStart time.Time
+	waited    bool
+	via       int
+	ended     bool // the call has returned: hooks of a later call must not use it
 }
 
 type opKey struct{}
@@ -503,45 +528,67 @@ func opOf(ctx context.Context, lk *lock) *op {
 	return p
 }
 
-// acquire starts observing an acquiring call on lk: *ctx becomes the op.
-// The caller defers the op's end with its results.
-func (o *observer) acquire(ctx *context.Context, lk *lock, call callKind) *op {
+// acquire starts observing an acquiring call on lk (*ctx becomes its op if
+// it has one). The caller defers the mark's end with its results.
+func (o *observer) acquire(ctx *context.Context, lk *lock, call callKind) acqMark {
 	if o == nil {
-		return nil
+		return acqMark{}
 	}
 	return o.startAcquire(ctx, lk, call)
 }
 
-func (o *observer) startAcquire(ctx *context.Context, lk *lock, call callKind) *op {
-	if o.m == nil && o.tr == nil && !o.debug(*ctx) {
-		return nil
+func (o *observer) startAcquire(ctx *context.Context, lk *lock, call callKind) acqMark {
+	debug := o.debug(*ctx)
+	if o.m == nil && o.tr == nil && !debug {
+		return acqMark{}
 	}
-	prim, mode := lk.class()
-	p := &op{Context: *ctx, o: o, lk: lk, call: call, prim: prim, mode: mode, start: time.Now(), sctx: *ctx}
-	if o.tr != nil {
-		p.sctx, p.span = o.tr.Start(*ctx, spanNames[prim][call])
+	m := acqMark{o: o, lk: lk, call: call, start: time.Now()}
+	if o.tr != nil || debug {
+		p := &op{Context: *ctx, lk: lk, sctx: *ctx}
+		if o.tr != nil {
+			prim, _ := lk.class()
+			p.sctx, p.span = o.tr.Start(*ctx, spanNames[prim][call])
+			if !p.span.IsRecording() { // sampled out: nothing to add to it
+				p.span = nil
+			}
+		}
+		m.p = p
+		*ctx = p
 	}
-	*ctx = p
-	return p
+	return m
 }
 
 // end records the call's result.
-func (p *op) end(l **Lease, err *error) {
-	if p != nil {
-		p.finish(*l, *err)
+func (m acqMark) end(l **Lease, err *error) {
+	if m.o != nil {
+		m.o.endAcquire(m, *l, *err)
 	}
 }
 
-func (p *op) finish(l *Lease, err error) {
-	o := p.o
-	p.ended = true
-	took := time.Since(p.start)
+func (o *observer) endAcquire(m acqMark, l *Lease, err error) {
+	took := time.Since(m.start)
 	k := classify(err)
+	prim, mode := m.lk.class()
+	p := m.p
+	via := viaLook
+	if p != nil {
+		p.ended = true
+		via = p.via
+	}
 	if l != nil && l != &l.h.first {
-		p.via = viaReentry
+		via = viaReentry
 	}
 	if o.m != nil {
-		o.m.acquire.Record(p.sctx, took.Seconds(), o.at(o.m.acqAt[p.prim][p.mode][p.call][k], p.lk).rec...)
+		ctx := context.Context(nil)
+		if p != nil {
+			ctx = p.sctx // exemplars name the call's span
+		} else {
+			ctx = context.Background()
+		}
+		o.m.acquire.Record(ctx, took.Seconds(), o.at(o.m.acqAt[prim][mode][m.call][k], m.lk).rec...)
+	}
+	if p == nil {
+		return
 	}
 	if p.wait != nil { // not ended by the wait (cannot happen): end it with the call
 		p.wait.End()
@@ -551,11 +598,10 @@ func (p *op) finish(l *Lease, err error) {
 		fence = l.Fence()
 	}
 	if p.span != nil {
-		pre := acqSpan[p.prim][p.mode][k]
 		if l != nil {
-			p.span.SetAttributes(o.spanAttrs(pre, p.lk, viaAttrs[p.via], keyFence.Int64(int64(fence)))...)
+			p.span.SetAttributes(o.leaseAttrs(m.lk, mode, fence, via)...)
 		} else {
-			p.span.SetAttributes(o.spanAttrs(pre, p.lk)...)
+			p.span.SetAttributes(o.spanAttrs(acqSpan[mode][k], m.lk)...)
 		}
 		if failed(acquireOutcome(k)) {
 			p.span.SetStatus(codes.Error, err.Error())
@@ -563,14 +609,14 @@ func (p *op) finish(l *Lease, err error) {
 		p.span.End()
 	}
 	if o.debug(p.Context) {
-		attrs := []slog.Attr{slog.String("lock", p.lk.name), slog.String("primitive", primNames[p.prim]),
-			slog.String("mode", modeNames[p.mode]), slog.String("operation", callNames[p.call]),
+		attrs := []slog.Attr{slog.String("lock", m.lk.name), slog.String("primitive", primNames[prim]),
+			slog.String("mode", modeNames[mode]), slog.String("operation", callNames[m.call]),
 			slog.String("outcome", acquireOutcome(k)), slog.Duration("took", took)}
 		if p.waited {
 			attrs = append(attrs, slog.Duration("waited", time.Since(p.waitStart)))
 		}
 		if l != nil {
-			attrs = append(attrs, slog.Uint64("fence", fence), slog.String("via", viaAttrs[p.via].Value.AsString()), slog.String("owner", ownerTag(l.h.token)))
+			attrs = append(attrs, slog.Uint64("fence", fence), slog.String("via", viaAttrs[via].Value.AsString()), slog.String("owner", ownerTag(l.h.token)))
 		} else if err != nil {
 			attrs = append(attrs, slog.String("err", err.Error()))
 		}
@@ -761,7 +807,10 @@ func (o *observer) startRelease(ctx context.Context, l *Lease) relMark {
 	}
 	r := relMark{o: o, l: l, ctx: ctx, start: time.Now()}
 	if o.tr != nil {
-		r.ctx, r.span = o.tr.Start(ctx, "dlock.Unlock")
+		r.ctx, r.span = o.tr.Start(ctx, "dlock.Lease.Unlock")
+		if !r.span.IsRecording() {
+			r.span = nil
+		}
 	}
 	return r
 }
@@ -782,7 +831,7 @@ func (o *observer) endRelease(r relMark, err error) {
 		o.m.release.Record(r.ctx, took.Seconds(), o.at(o.m.relAt[prim][mode][k], h.lk).rec...)
 	}
 	if r.span != nil {
-		r.span.SetAttributes(o.spanAttrs(relSpan[prim][mode][k], h.lk)...) // its fence is on its Lock's span
+		r.span.SetAttributes(o.spanAttrs(relSpan[mode][k], h.lk)...) // its fence is on its Lock's span
 		if failed(releaseOutcome(k)) {
 			r.span.SetStatus(codes.Error, err.Error())
 		}

@@ -160,7 +160,7 @@ var (
 // TestObserveUncontended: one Lock and Unlock of a free mutex records one
 // acquisition (outcome acquired), a lease held while it is held and not
 // after, one hold and one release; no contention, no wait. Its spans are
-// dlock.Lock and dlock.Unlock under the caller's span, with status unset,
+// dlock.Mutex.Lock and dlock.Lease.Unlock under the caller's span, with status unset,
 // and the lease context carries the caller's span, not dlock's.
 func TestObserveUncontended(t *testing.T) {
 	s := redistest.Start(t)
@@ -196,9 +196,9 @@ func TestObserveUncontended(t *testing.T) {
 		}
 	})
 
-	locks, unlocks := o.ended("dlock.Lock"), o.ended("dlock.Unlock")
+	locks, unlocks := o.ended("dlock.Mutex.Lock"), o.ended("dlock.Lease.Unlock")
 	if len(locks) != 1 || len(unlocks) != 1 {
-		t.Fatalf("%d dlock.Lock and %d dlock.Unlock spans, want 1 each", len(locks), len(unlocks))
+		t.Fatalf("%d dlock.Mutex.Lock and %d dlock.Lease.Unlock spans, want 1 each", len(locks), len(unlocks))
 	}
 	for _, sp := range []sdktrace.ReadOnlySpan{locks[0], unlocks[0]} {
 		if sp.Parent().SpanID() != parent.SpanContext().SpanID() {
@@ -207,8 +207,8 @@ func TestObserveUncontended(t *testing.T) {
 		if sp.Status().Code != codes.Unset {
 			t.Errorf("span %s: status %v, want unset", sp.Name(), sp.Status())
 		}
-		if spanAttr(sp, "dlock.primitive").AsString() != "mutex" || spanAttr(sp, "dlock.mode").AsString() != "default" {
-			t.Errorf("span %s: attributes %v, want dlock.primitive mutex, dlock.mode default", sp.Name(), sp.Attributes())
+		if spanAttr(sp, "dlock.mode").Type() != attribute.INVALID {
+			t.Errorf("span %s: attributes %v, want no dlock.mode in the default mode", sp.Name(), sp.Attributes())
 		}
 	}
 	if f := spanAttr(locks[0], "dlock.fence").AsInt64(); f != int64(l.Fence()) {
@@ -249,7 +249,7 @@ func TestObserveContended(t *testing.T) {
 	}
 	o.want("dlock.acquire.duration", 1, aTry, aNotObt)
 	o.want("dlock.contentions", 1)
-	tries := o.ended("dlock.TryLock")
+	tries := o.ended("dlock.Mutex.TryLock")
 	if len(tries) != 1 || spanAttr(tries[0], "dlock.outcome").AsString() != "not_obtained" || tries[0].Status().Code != codes.Unset {
 		t.Fatalf("TryLock spans %v: want one, outcome not_obtained, status unset", tries)
 	}
@@ -274,7 +274,7 @@ func TestObserveContended(t *testing.T) {
 	o.want("dlock.waiters", 0)
 	o.want("dlock.acquire.duration", 1, aLock, aAcquired)
 	o.want("dlock.leases.held", 0)
-	locks := o.ended("dlock.Lock")
+	locks := o.ended("dlock.Mutex.Lock")
 	if len(locks) != 1 {
 		t.Fatalf("%d dlock.Lock spans, want 1", len(locks))
 	}
@@ -300,7 +300,7 @@ func TestObserveContended(t *testing.T) {
 	o.want("dlock.contentions", 3)
 	o.want("dlock.waiters", 0)
 	var canceled []sdktrace.ReadOnlySpan
-	for _, sp := range o.ended("dlock.Lock") {
+	for _, sp := range o.ended("dlock.Mutex.Lock") {
 		if spanAttr(sp, "dlock.outcome").AsString() == "canceled" {
 			canceled = append(canceled, sp)
 		}
@@ -343,7 +343,7 @@ func TestObserveHandOverAndPass(t *testing.T) {
 	o.want("dlock.leases.held", 0)
 	o.want("dlock.hold.duration", 2, aUnlocked)
 	vias := map[string]int{}
-	for _, sp := range o.ended("dlock.Lock") {
+	for _, sp := range o.ended("dlock.Mutex.Lock") {
 		vias[spanAttr(sp, "dlock.via").AsString()]++
 		if kids := o.childrenOf(sp); len(kids) != 1 || kids[0].Name() != "dlock.wait" {
 			t.Errorf("a waiter's dlock.Lock has children %v, want one dlock.wait", kids)
@@ -396,6 +396,15 @@ func TestObserveFairHandOvers(t *testing.T) {
 	o.want("dlock.waiters", 0)
 	o.want("dlock.leases.held", 0)
 	o.want("dlock.acquire.duration", 3, aFair, aAcquired)
+	spans := o.ended("dlock.Mutex.Lock")
+	if len(spans) != 3 {
+		t.Fatalf("%d dlock.Mutex.Lock spans, want 3", len(spans))
+	}
+	for _, sp := range spans {
+		if spanAttr(sp, "dlock.mode").AsString() != "fair" {
+			t.Errorf("a Fair Lock's span: attributes %v, want dlock.mode fair", sp.Attributes())
+		}
+	}
 }
 
 // TestObserveLeaseLost: a lease whose key is deleted behind its back is
@@ -429,7 +438,7 @@ func TestObserveLeaseLost(t *testing.T) {
 	}
 	o.want("dlock.release.duration", 1, aLostOut)
 	o.want("dlock.leases.lost", 1)
-	un := o.ended("dlock.Unlock")
+	un := o.ended("dlock.Lease.Unlock")
 	if len(un) != 1 || un[0].Status().Code != codes.Unset || spanAttr(un[0], "dlock.outcome").AsString() != "lost" {
 		t.Fatalf("dlock.Unlock spans %v: want one, outcome lost", un)
 	}
@@ -606,7 +615,7 @@ func TestObservePrimitives(t *testing.T) {
 	o.want("dlock.acquire.duration", 1, attribute.String("dlock.primitive", "semaphore"), aTry, aNotObt)
 	o.want("dlock.acquire.duration", 1, attribute.String("dlock.primitive", "semaphore"), aError, attribute.String("error.type", "dlock.ErrInvalidArgument"))
 	o.want("dlock.contentions", 2)
-	for name, n := range map[string]int{"dlock.RLock": 1, "dlock.TryRLock": 1, "dlock.Lock": 1, "dlock.TryLock": 1, "dlock.Acquire": 2, "dlock.TryAcquire": 1, "dlock.Unlock": 4} {
+	for name, n := range map[string]int{"dlock.RWMutex.RLock": 1, "dlock.RWMutex.TryRLock": 1, "dlock.RWMutex.Lock": 1, "dlock.RWMutex.TryLock": 1, "dlock.Semaphore.Acquire": 2, "dlock.Semaphore.TryAcquire": 1, "dlock.Lease.Unlock": 4} {
 		if got := len(o.ended(name)); got != n {
 			t.Errorf("%d %s spans, want %d", got, name, n)
 		}
@@ -639,7 +648,7 @@ func TestObserveReentry(t *testing.T) {
 	o.want("dlock.leases.held", 0)
 	o.want("dlock.hold.duration", 1)
 	vias := map[string]int{}
-	for _, sp := range o.ended("dlock.Lock") {
+	for _, sp := range o.ended("dlock.Mutex.Lock") {
 		vias[spanAttr(sp, "dlock.via").AsString()]++
 	}
 	if vias["look"] != 1 || vias["reentry"] != 1 {

@@ -48,6 +48,17 @@ func init() {
 		},
 	})
 	register(&impl{
+		name:  "dlock-otel-metrics",
+		order: 16,
+		settings: func(e *env) string {
+			return fmt.Sprintf("as dlock-otel with metrics only: dlock.New(shared go-redis client, dlock.WithMeterProvider(OTel SDK MeterProvider with a ManualReader nobody collects)); Client.Mutex(key, dlock.TTL(%v))", e.ttl)
+		},
+		open: func(e *env) (locker, error) {
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+			return openDlockOn(e, dlock.New(e.rdb, dlock.WithMeterProvider(mp)))
+		},
+	})
+	register(&impl{
 		name:  "dlock-fair",
 		order: 12,
 		settings: func(e *env) string {
