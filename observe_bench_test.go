@@ -37,6 +37,22 @@ func BenchmarkObserveHooks(b *testing.B) {
 			}
 		})
 	}
+	// The SDK's own floor for the same spans: two spans, with the
+	// attributes an uncontended Lock's and Unlock's spans carry, and
+	// nothing of dlock's.
+	b.Run("sdk-spans", func(b *testing.B) {
+		tr := tp.Tracer("floor")
+		out := relSpan[modeDefault][errNone]
+		b.ReportAllocs()
+		for b.Loop() {
+			_, s := tr.Start(context.Background(), "dlock.Mutex.Lock")
+			s.SetAttributes(acqSpan[modeDefault][errNone][0], keyFence.Int64(1<<50), viaAttrs[viaLook])
+			s.End()
+			_, s = tr.Start(context.Background(), "dlock.Lease.Unlock")
+			s.SetAttributes(out...)
+			s.End()
+		}
+	})
 }
 
 // observeCycle runs the hooks of one uncontended Lock and Unlock, in the

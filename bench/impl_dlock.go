@@ -59,6 +59,18 @@ func init() {
 		},
 	})
 	register(&impl{
+		name:  "dlock-otel-sampled",
+		order: 17,
+		settings: func(e *env) string {
+			return fmt.Sprintf("as dlock-otel with a 1%% sampler: sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.01))); Client.Mutex(key, dlock.TTL(%v))", e.ttl)
+		},
+		open: func(e *env) (locker, error) {
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.01))))
+			return openDlockOn(e, dlock.New(e.rdb, dlock.WithMeterProvider(mp), dlock.WithTracerProvider(tp)))
+		},
+	})
+	register(&impl{
 		name:  "dlock-fair",
 		order: 12,
 		settings: func(e *env) string {
