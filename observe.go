@@ -31,19 +31,74 @@ import (
 const scope = "github.com/dlock-go/dlock"
 
 // WithMeterProvider makes the Client record OpenTelemetry metrics through
-// mp (the metrics are described in the package doc's Observability
-// section). Default: none, and no metric is recorded. A nil mp is the
-// default.
+// mp, with instrumentation scope "github.com/dlock-go/dlock". Default:
+// none, and no metric is recorded (a nil mp is the default). Durations are
+// in seconds. Every metric carries dlock.primitive (mutex, rwmutex.read,
+// rwmutex.write, semaphore) and dlock.mode (default, fair, quorum;
+// semaphores and RWMutexes are fair), and the lock name only with
+// WithNameAttribute:
+//
+//   - dlock.acquire.duration (histogram, s): one per acquiring call (Lock,
+//     TryLock, RLock, TryRLock, Acquire, TryAcquire, including reentrant
+//     calls and calls refused at once), from call to return, Lock's wait
+//     included; with dlock.operation (lock, try) and dlock.outcome
+//     (acquired, not_obtained, canceled: its ctx ended, error), and
+//     error.type when canceled or error (context.Canceled,
+//     context.DeadlineExceeded, dlock.ErrClosed, dlock.ErrInvalidArgument,
+//     dlock.ErrForeignKey, dlock.ErrNotReplicated, dlock.ErrLockLost,
+//     redis.Error, net.Error, _OTHER).
+//   - dlock.release.duration (histogram, s): one per Lease.Unlock call, with
+//     dlock.outcome (released, lost: the lease had been lost, canceled,
+//     error) and error.type as above.
+//   - dlock.hold.duration (histogram, s): one per holding (reentrant leases
+//     share one), from when it became held (granted, handed over or passed
+//     to) to when it stopped: its last Unlock was called (dlock.outcome
+//     unlocked), it was found lost (lost), or the Client closed (closed).
+//   - dlock.leases.held (up-down counter, {lease}): holdings of this Client
+//     live now, as above.
+//   - dlock.waiters (up-down counter, {call}): acquiring calls of this
+//     Client waiting now: from when a call found the lock held (or others
+//     of this Client queued for it) until it returns.
+//   - dlock.contentions (counter, {call}): acquiring calls that found the
+//     lock held: a Lock, RLock or Acquire that had to wait (once, however
+//     long and however it ended), and a TryLock, TryRLock or TryAcquire
+//     refused because it was held.
+//   - dlock.renewals (counter, {renewal}): watchdog renewal requests, with
+//     dlock.outcome renewed, lost (the lock was found gone) or error (the
+//     outcome is unknown: timeout or connection failure; retried).
+//   - dlock.leases.lost (counter, {lease}): holdings that ended lost, so
+//     that someone else may have held the lock since: renewal, Extend or
+//     TTL found the lock gone, its deadline passed without a renewal, a
+//     pass found the passer no longer the owner, or Unlock found it no
+//     longer its own. Each holding counts once.
+//   - dlock.handovers (counter, {lease}): waiting calls of this Client that
+//     a releasing holder's script handed the lock to at Redis.
+//   - dlock.passes (counter, {lease}): waiting calls of this Client that a
+//     holder of the same Client passed the lock to (default mode).
+//
+// A measurement costs no allocation: attribute sets are built once per
+// Client (with WithNameAttribute, one per measurement).
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *clientConfig) { c.obs.mp = mp }
 }
 
 // WithTracerProvider makes the Client record an OpenTelemetry span for
-// every Lock, TryLock, RLock, TryRLock, Acquire, TryAcquire and Unlock
-// call, as a child of the span in the call's ctx, and a "dlock.wait" child
-// span for the time a call waited for the lock. Default: none, and no span
-// is made. A nil tp is the default. The lease context (Lease.Context) does
-// not carry dlock's spans: work under it stays the child of the caller's span.
+// every acquiring call and every Unlock, as a child of the span in the
+// call's ctx: "dlock.Mutex.Lock", "dlock.Mutex.TryLock",
+// "dlock.RWMutex.RLock", "dlock.RWMutex.TryRLock", "dlock.RWMutex.Lock",
+// "dlock.RWMutex.TryLock", "dlock.Semaphore.Acquire",
+// "dlock.Semaphore.TryAcquire" and "dlock.Lease.Unlock". A call that had to
+// wait has a child span "dlock.wait" for the wait. Spans carry
+// dlock.outcome (as the metrics of WithMeterProvider), error.type and
+// status Error when the call failed or its ctx ended (not when a TryLock
+// found the lock held), dlock.fence and dlock.via (look, handover, pass,
+// reentry) when a lease was obtained, dlock.mode when it is not default,
+// and the lock name only with WithNameAttribute. The lease context
+// (Lease.Context) does not carry dlock's spans: work under it stays the
+// child of the caller's span. Default: none, and no span is made (a nil tp
+// is the default). A recorded span costs what the SDK makes it cost (see
+// docs/OBSERVABILITY.md); a sampler that drops most of them makes tracing
+// nearly free.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *clientConfig) { c.obs.tp = tp }
 }
