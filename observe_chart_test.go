@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"runtime"
 	"strings"
 	"sync"
@@ -89,8 +90,10 @@ func TestObserveChart(t *testing.T) {
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		load = strings.Fields(string(b))[0]
 	}
-	caption := fmt.Sprintf("2 Clients, one name, default mode, 1ms holds; phases of %v waiters per Client, %v each; scraped every %v. %s, %d CPUs, load %s, %s",
-		phases, phase, tick, runtime.Version(), runtime.NumCPU(), load, time.Now().UTC().Format("2006-01-02"))
+	caption := [2]string{
+		fmt.Sprintf("2 Clients, one name, default mode, 1ms holds; %v waiters per Client in phases of %v; scraped every %v", phases, phase, tick),
+		fmt.Sprintf("TestObserveChart at commit %s, %s, %d CPUs, 1-minute load %s at the end, %s", commit(), runtime.Version(), runtime.NumCPU(), load, time.Now().UTC().Format("2006-01-02")),
+	}
 	svg := chartSVG(samples, phases, phase, caption)
 	if err := os.WriteFile(out, []byte(svg), 0o644); err != nil {
 		t.Fatal(err)
@@ -106,6 +109,15 @@ func TestObserveChart(t *testing.T) {
 		t.Logf("phase %d (%d waiters): acquisitions/s %.0f, contentions/s %.0f, p50 %.1fms, p99 %.1fms (medians over the phase's scrapes after its first second)",
 			i+1, 2*n, median(acq), median(cont), 1000*median(p50), 1000*median(p99))
 	}
+}
+
+// commit names the checked-out commit, with "-dirty" if files differ.
+func commit() string {
+	out, err := exec.Command("git", "describe", "--always", "--dirty", "--abbrev=7").Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // scraped is one collection: cumulative values.
@@ -232,8 +244,8 @@ func median(xs []float64) float64 {
 }
 
 // chartSVG draws the samples: three panels over time.
-func chartSVG(samples []chartSample, phases []int, phase time.Duration, caption string) string {
-	const w, left, right, panelH, gap, top = 760.0, 80.0, 150.0, 170.0, 60.0, 70.0
+func chartSVG(samples []chartSample, phases []int, phase time.Duration, caption [2]string) string {
+	const w, left, right, panelH, gap, top = 760.0, 80.0, 150.0, 170.0, 60.0, 84.0
 	plotW := w - left - right
 	total := (time.Duration(len(phases)) * phase).Seconds()
 	h := top + 3*panelH + 3*gap + 10
@@ -241,11 +253,14 @@ func chartSVG(samples []chartSample, phases []int, phase time.Duration, caption 
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="Helvetica, Arial, sans-serif" font-size="12">`+"\n", w, h, w, h)
 	b.WriteString(`<rect width="100%" height="100%" fill="white"/>` + "\n")
 	fmt.Fprintf(&b, `<text x="%.1f" y="26" text-anchor="middle" font-size="18" font-weight="bold">dlock metrics under contention: one hot lock</text>`+"\n", w/2)
-	fmt.Fprintf(&b, `<text x="%.1f" y="46" text-anchor="middle" font-size="11">%s</text>`+"\n", w/2, escape(caption))
+	for i, line := range caption {
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" font-size="11">%s</text>`+"\n", w/2, 44+14*i, escape(line))
+	}
 	x := func(sec float64) float64 { return left + plotW*sec/total }
 	type series struct {
 		name, color string
 		v           func(chartSample) float64
+		dash        bool
 	}
 	panels := []struct {
 		title string
@@ -254,18 +269,18 @@ func chartSVG(samples []chartSample, phases []int, phase time.Duration, caption 
 		ser   []series
 	}{
 		{"dlock.acquire.duration of Lock calls that acquired (ms, log scale): quantiles per scrape", true, 1000, []series{
-			{"p50", "#1f77b4", func(s chartSample) float64 { return s.q[0] }},
-			{"p90", "#ff7f0e", func(s chartSample) float64 { return s.q[1] }},
-			{"p99", "#d62728", func(s chartSample) float64 { return s.q[2] }},
+			{"p50", "#1f77b4", func(s chartSample) float64 { return s.q[0] }, false},
+			{"p90", "#ff7f0e", func(s chartSample) float64 { return s.q[1] }, false},
+			{"p99", "#d62728", func(s chartSample) float64 { return s.q[2] }, false},
 		}},
 		{"rates per second", false, 1, []series{
-			{"acquired", "#2ca02c", func(s chartSample) float64 { return s.acquired }},
-			{"contentions", "#d62728", func(s chartSample) float64 { return s.contentions }},
-			{"handovers", "#9467bd", func(s chartSample) float64 { return s.handovers }},
-			{"passes", "#17becf", func(s chartSample) float64 { return s.passes }},
+			{"acquired", "#2ca02c", func(s chartSample) float64 { return s.acquired }, true},
+			{"contentions", "#d62728", func(s chartSample) float64 { return s.contentions }, false},
+			{"handovers", "#9467bd", func(s chartSample) float64 { return s.handovers }, false},
+			{"passes", "#17becf", func(s chartSample) float64 { return s.passes }, false},
 		}},
 		{"dlock.waiters (gauge, both Clients)", false, 1, []series{
-			{"waiters", "#8c564b", func(s chartSample) float64 { return s.waiters }},
+			{"waiters", "#8c564b", func(s chartSample) float64 { return s.waiters }, false},
 		}},
 	}
 	for pi, p := range panels {
@@ -278,7 +293,7 @@ func chartSVG(samples []chartSample, phases []int, phase time.Duration, caption 
 				fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#eef2f7"/>`+"\n", x0, y0, x1-x0, panelH)
 			}
 			if pi == 0 {
-				fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10" fill="#555">%d waiters</text>`+"\n", (x0+x1)/2, y0+12, 2*n)
+				fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10" fill="#555">%d waiters</text>`+"\n", (x0+x1)/2, y0+panelH-6, 2*n)
 			}
 		}
 		lo, hi := math.Inf(1), 0.0
@@ -310,16 +325,26 @@ func chartSVG(samples []chartSample, phases []int, phase time.Duration, caption 
 			fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", left, y, left+plotW, y)
 			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="11">%s</text>`+"\n", left-6, y+4, short(tk))
 		}
-		for si, se := range p.ser {
+		// The acquisitions (dashed) are drawn over the contentions: under
+		// this load every acquisition first found the lock held.
+		for si := len(p.ser) - 1; si >= 0; si-- {
+			se := p.ser[si]
 			var pts []string
 			for _, s := range samples {
+				if s.at.Seconds() > total { // the last scrape, as the workload stopped
+					continue
+				}
 				v := se.v(s) * p.unit
 				if math.IsNaN(v) || (p.log && v <= 0) {
 					continue
 				}
 				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(s.at.Seconds()), yOf(v)))
 			}
-			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.8" points="%s"/>`+"\n", se.color, strings.Join(pts, " "))
+			dash := ""
+			if se.dash {
+				dash = ` stroke-dasharray="5 3"`
+			}
+			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.8"%s points="%s"/>`+"\n", se.color, dash, strings.Join(pts, " "))
 			ly := y0 + 14 + float64(si)*18
 			fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="3"/>`+"\n", left+plotW+12, ly-4, left+plotW+30, ly-4, se.color)
 			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" font-size="11">%s</text>`+"\n", left+plotW+36, ly, se.name)
