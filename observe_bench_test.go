@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/exemplar"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
@@ -18,6 +19,9 @@ func BenchmarkObserveHooks(b *testing.B) {
 	defer rdb.Close()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	tp := sdktrace.NewTracerProvider()
+	// Exemplars link measurements to the sampled span in their ctx: the
+	// SDK's default (trace-based) filter records one per traced call.
+	noEx := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()), sdkmetric.WithExemplarFilter(exemplar.AlwaysOffFilter))
 	for _, bc := range []struct {
 		name string
 		opts []Option
@@ -26,6 +30,7 @@ func BenchmarkObserveHooks(b *testing.B) {
 		{"metrics", []Option{WithMeterProvider(mp)}},
 		{"traces", []Option{WithTracerProvider(tp)}},
 		{"both", []Option{WithMeterProvider(mp), WithTracerProvider(tp)}},
+		{"both-no-exemplars", []Option{WithMeterProvider(noEx), WithTracerProvider(tp)}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			c := New(rdb, bc.opts...)
