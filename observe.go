@@ -634,11 +634,9 @@ func (o *observer) endAcquire(m acqMark, l *Lease, err error) {
 		via = viaReentry
 	}
 	if o.m != nil {
-		ctx := context.Context(nil)
+		ctx := context.Background()
 		if p != nil {
 			ctx = p.sctx // exemplars name the call's span
-		} else {
-			ctx = context.Background()
 		}
 		o.m.acquire.Record(ctx, took.Seconds(), o.at(o.m.acqAt[prim][mode][m.call][k], m.lk).rec...)
 	}
