@@ -832,3 +832,54 @@ func (r *logRecorder) find(msg string) string {
 	}
 	return ""
 }
+
+// TestObserveHandOverFoundByLook: a hand-over whose message the waiter's
+// Client did not hear (its subscription connection was killed just before
+// the release) is found by the waiter's own next look, and counts as a
+// hand-over all the same. Up to 5 attempts, until one is found by a look.
+func TestObserveHandOverFoundByLook(t *testing.T) {
+	s := redistest.Start(t)
+	o := newObserved(t)
+	holder, rdb := newClient(t, s)
+	c, _ := newClient(t, s, o.opts...)
+	ctx := ctxT(t, 30*time.Second)
+	for attempt := 1; ; attempt++ {
+		name := "obs/look" + strconv.Itoa(attempt)
+		h, err := holder.Mutex(name, dlock.Fair()).Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *dlock.Lease, 1)
+		go func() {
+			l, err := c.Mutex(name, dlock.Fair()).Lock(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- l
+		}()
+		waitLine(t, ctx, rdb, "dlock:{"+name+"}", 1)
+		heard, before := dlock.HandOversHeard(c), o.value("dlock.handovers")
+		if err := rdb.ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l := <-got
+		if l == nil {
+			t.FailNow()
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := o.value("dlock.handovers"); n != before+1 {
+			t.Fatalf("attempt %d: dlock.handovers went from %d to %d, want one more", attempt, before, n)
+		}
+		if dlock.HandOversHeard(c) == heard {
+			return // found by its look
+		}
+		if attempt == 5 {
+			t.Skip("every hand-over's message was heard: the look path was not reached")
+		}
+	}
+}
