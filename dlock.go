@@ -135,6 +135,7 @@ type Client struct {
 	inflight atomic.Int64      // lock-path scripts awaiting Redis
 	spawn    func(func()) bool // goBg, as a func made once (a method value per call would cost an allocation)
 	cfg      clientConfig
+	obs      *observer // metrics, spans and debug lines; nil: none (observe.go)
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -212,6 +213,7 @@ func newClient(drv driver.Conn, cfg clientConfig) *Client {
 	c := &Client{
 		drv:     drv,
 		cfg:     cfg,
+		obs:     newObserver(cfg),
 		ttlArg:  formatMillis(DefaultTTL),
 		liveArg: formatMillis(fairLiveness),
 		idleArg: formatMillis(cfg.idle),

@@ -115,3 +115,18 @@ func sameCode(t *testing.T, what, got, want string) {
 		}
 	}
 }
+
+// TestObservabilityDocIsExample: docs/OBSERVABILITY.md's Prometheus
+// program is the code of ExampleWithMeterProvider, which go test compiles
+// and runs, and the output it shows is the example's.
+func TestObservabilityDocIsExample(t *testing.T) {
+	example := funcBody(t, "example_observe_test.go", "ExampleWithMeterProvider")
+	example, output, _ := strings.Cut(example, "// Output:")
+	example = strings.ReplaceAll(example, "Addr: addr}", `Addr: "127.0.0.1:6379"}`)
+	doc := readFile(t, "docs/OBSERVABILITY.md")
+	sameCode(t, "docs/OBSERVABILITY.md's Prometheus program", codeBlockAfter(t, doc, "## Prometheus"), example)
+	_, printed, _ := strings.Cut(doc, "It prints")
+	_, printed, _ = strings.Cut(printed, "```\n")
+	printed, _, _ = strings.Cut(printed, "```")
+	sameCode(t, "docs/OBSERVABILITY.md's output", printed, strings.ReplaceAll(output, "// ", ""))
+}

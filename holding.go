@@ -88,6 +88,7 @@ type holding struct {
 	votes     []chan struct{} // quorum: per master, closed once the acquire vote is in; nil: in when it won (see rest)
 
 	tried time.Time // when the last renewal was sent
+	obsAt time.Time // when it became live, if observed (observe.go)
 
 	// Watchdog bookkeeping, guarded by c.dog.mu.
 	due   time.Time
@@ -139,6 +140,7 @@ func (h *holding) endOp() {
 // granted makes a waiting holding held: a request sent at sent, carrying
 // ttl, obtained the lock with fence.
 func (h *holding) granted(fence uint64, sent time.Time, ttl time.Duration) {
+	h.c.obs.held(h)
 	h.c.noteFence(h, fence, sent)
 	h.mu.Lock()
 	h.st = held
@@ -156,6 +158,7 @@ func (h *holding) granted(fence uint64, sent time.Time, ttl time.Duration) {
 // record goroutine owns its one request slot until the record settles.
 // Called by the passer, before the waiter can see the pass.
 func (h *holding) passedIn(p *pass, now time.Time) {
+	h.c.obs.held(h)
 	h.mu.Lock()
 	h.st = pending
 	h.busy = true
@@ -270,6 +273,7 @@ func (h *holding) end(to state, cause error) bool {
 		return false
 	}
 	h.st = to
+	h.c.obs.ended(h, from, to) // before the lease context ends: who sees it end sees the metrics
 	if to.final() {
 		h.cause = cause
 	}
@@ -307,6 +311,7 @@ func (h *holding) settle(to state, cause error) {
 	h.mu.Lock()
 	if h.st == ending || h.st == passing {
 		h.st, h.cause = to, cause
+		h.c.obs.settled(h, to)
 	}
 	h.mu.Unlock()
 }

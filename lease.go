@@ -189,8 +189,9 @@ func (h *holding) causeOr(def error) error {
 // (or, were it an operator's removal at that very moment, the lease still
 // held for as long as it was used, since Unlock was called before its
 // deadline).
-func (l *Lease) Unlock(ctx context.Context) error {
+func (l *Lease) Unlock(ctx context.Context) (result error) {
 	h := l.h
+	defer h.c.obs.release(ctx, l).end(&result)
 	if err, inner := l.countOut(); inner {
 		return err
 	}

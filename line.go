@@ -27,6 +27,7 @@ const subscribeWait = time.Second
 // semaphore and RWMutex waiters all wait in the line themselves.
 func (lk *lock) wait(ctx context.Context, h *holding) (*Lease, error) {
 	c := lk.c
+	defer c.obs.waiting(ctx, lk).done()
 	lc, w := c.join(lk, h)
 	defer c.leave(lc, w)
 	if !lk.fair {
@@ -89,6 +90,9 @@ func (lk *lock) inLine(ctx context.Context, h *holding, lc *local, w *waiter, su
 			if r.already && subscribed && !inDoubt && !placed.IsZero() {
 				c.expectHandOver(lk, w) // its message should follow
 			}
+			if r.already && !inDoubt && !placed.IsZero() {
+				c.obs.handedOver(ctx, lk) // found by its look before the message
+			}
 			return lk.obtained(ctx, h, r, lc)
 		case err != nil && (ctx.Err() != nil || permanent(err)):
 			return nil, lk.quit(ctx, h, w, err)
@@ -146,6 +150,7 @@ func (lk *lock) inLine(ctx context.Context, h *holding, lc *local, w *waiter, su
 // once: the new holder's work should not share the CPU with a renewal the
 // moment it starts); without the watchdog we extend once here.
 func (lk *lock) handedOver(ctx context.Context, h *holding, lc *local, f uint64, placed time.Time) (*Lease, error) {
+	lk.c.obs.handedOver(ctx, lk)
 	if !lk.fair {
 		h.turnEnd = lk.c.turnFrom(lc)
 	}
@@ -169,6 +174,7 @@ func (lk *lock) handedOver(ctx context.Context, h *holding, lc *local, f uint64,
 // passedTo returns the lease of a waiter a holder of this Client passed the
 // lock to (it is pending: see pass.go).
 func (lk *lock) passedTo(ctx context.Context, h *holding) (*Lease, error) {
+	lk.c.obs.passedTo(ctx, lk)
 	if h.raced(ctx) {
 		return nil, nameErr(lk.name, ErrClosed)
 	}

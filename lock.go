@@ -143,6 +143,7 @@ func (lk *lock) try(ctx context.Context, n int64) (*Lease, error) {
 		lk.abandon(ctx, h.token, err)
 		return nil, lk.fail(ctx, err)
 	case !r.ok:
+		lk.c.obs.refused(ctx, lk)
 		return nil, nameErr(lk.name, ErrNotObtained)
 	}
 	return lk.obtained(ctx, h, r, nil)

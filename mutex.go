@@ -30,7 +30,8 @@ func (m *Mutex) Name() string { return m.lk.name }
 // TryLock makes one attempt. It returns ErrNotObtained if another holder has
 // the lock. If ctx descends from a lease context of this lock (same Client),
 // it re-enters the lock instead (see Lock).
-func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
+func (m *Mutex) TryLock(ctx context.Context) (l *Lease, err error) {
+	defer m.lk.c.obs.acquire(&ctx, &m.lk, callTry).end(&l, &err)
 	if l, err, done := m.lk.start(ctx); done {
 		return l, err
 	}
@@ -53,8 +54,9 @@ func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) {
 // Reentrancy: if ctx descends from the Context of a Lease of this lock on this
 // Client, Lock returns a new Lease on the same holding at once (a hold count).
 // The lock is released when every one of those leases has unlocked.
-func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
+func (m *Mutex) Lock(ctx context.Context) (l *Lease, err error) {
 	lk := &m.lk
+	defer lk.c.obs.acquire(&ctx, lk, callLock).end(&l, &err)
 	if l, err, done := lk.start(ctx); done {
 		return l, err
 	}

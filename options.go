@@ -18,6 +18,8 @@ type clientConfig struct {
 	ack ackConfig // WithReplicaAck
 
 	quorum quorumConfig // WithNodeTimeout, WithRestartDelay
+
+	obs obsConfig // WithMeterProvider, WithTracerProvider, WithNameAttribute
 }
 
 func defaultClientConfig() clientConfig {
@@ -32,7 +34,10 @@ func defaultClientConfig() clientConfig {
 func WithPrefix(prefix string) Option { return func(c *clientConfig) { c.prefix = prefix } }
 
 // WithLogger sets the logger for background events (lost leases, renewal
-// errors, reconnects). Default: none (nothing is logged).
+// errors, reconnects) and, at Debug level, for every acquiring call,
+// wait, Unlock and renewal ("dlock: acquire", "dlock: waiting", "dlock:
+// unlock", "dlock: renewed"). No line carries an owner token: an "owner"
+// attribute is a short hash of it. Default: none (nothing is logged).
 func WithLogger(l *slog.Logger) Option { return func(c *clientConfig) { c.logger = l } }
 
 // WithIdleExpiry sets how long a lock name's key (which keeps its fencing

@@ -839,6 +839,7 @@ func (q *quorum) try(ctx context.Context, lk *lock) (*Lease, error) {
 	case err != nil:
 		return nil, lk.fail(ctx, err)
 	case !r.ok:
+		lk.c.obs.refused(ctx, lk)
 		return nil, nameErr(lk.name, ErrNotObtained)
 	}
 	return lk.obtained(ctx, h, r, nil)
@@ -859,6 +860,7 @@ func (q *quorum) lock(ctx context.Context, lk *lock) (*Lease, error) {
 	}
 	lc, w, ready := q.join(lk, h)
 	defer q.leave(lc, w)
+	defer c.obs.waiting(ctx, lk).done()
 	// Look again once subscribed (or after subscribeWait: a master down
 	// never confirms), or a release before the subscriptions went unheard.
 	// One bound for all of them: it fires once.

@@ -46,19 +46,31 @@ func (rw *RWMutex) Name() string { return rw.r.name }
 
 // RLock waits until it holds a read lease or ctx ends (then it returns an
 // error that errors.Is ctx.Err()).
-func (rw *RWMutex) RLock(ctx context.Context) (*Lease, error) { return rw.r.lock(ctx, 1) }
+func (rw *RWMutex) RLock(ctx context.Context) (l *Lease, err error) {
+	defer rw.r.c.obs.acquire(&ctx, &rw.r, callLock).end(&l, &err)
+	return rw.r.lock(ctx, 1)
+}
 
 // TryRLock takes a read lease if no writer holds the lock or waits for it;
 // otherwise it returns ErrNotObtained.
-func (rw *RWMutex) TryRLock(ctx context.Context) (*Lease, error) { return rw.r.tryLock(ctx) }
+func (rw *RWMutex) TryRLock(ctx context.Context) (l *Lease, err error) {
+	defer rw.r.c.obs.acquire(&ctx, &rw.r, callTry).end(&l, &err)
+	return rw.r.tryLock(ctx)
+}
 
 // Lock waits until it holds the write lease or ctx ends (then it returns an
 // error that errors.Is ctx.Err()).
-func (rw *RWMutex) Lock(ctx context.Context) (*Lease, error) { return rw.w.lock(ctx, wire.RWWriter) }
+func (rw *RWMutex) Lock(ctx context.Context) (l *Lease, err error) {
+	defer rw.w.c.obs.acquire(&ctx, &rw.w, callLock).end(&l, &err)
+	return rw.w.lock(ctx, wire.RWWriter)
+}
 
 // TryLock takes the write lease if nobody holds the lock or waits for it;
 // otherwise it returns ErrNotObtained.
-func (rw *RWMutex) TryLock(ctx context.Context) (*Lease, error) { return rw.w.tryLock(ctx) }
+func (rw *RWMutex) TryLock(ctx context.Context) (l *Lease, err error) {
+	defer rw.w.c.obs.acquire(&ctx, &rw.w, callTry).end(&l, &err)
+	return rw.w.tryLock(ctx)
+}
 
 func (lk *lock) tryLock(ctx context.Context) (*Lease, error) {
 	if l, err, done := lk.start(ctx); done {

@@ -54,7 +54,8 @@ func (s *Semaphore) Size() int64 { return s.size }
 // Acquire waits until it holds n permits or ctx ends; then it returns an
 // error that errors.Is ctx.Err(). The returned Lease holds the n permits until
 // Unlock (or until it is lost).
-func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Lease, error) {
+func (s *Semaphore) Acquire(ctx context.Context, n int64) (l *Lease, err error) {
+	defer s.lk.c.obs.acquire(&ctx, &s.lk, callLock).end(&l, &err)
 	if err := s.check(n); err != nil {
 		return nil, err
 	}
@@ -63,7 +64,8 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Lease, error) {
 
 // TryAcquire takes n permits if they are free and nobody waits in line
 // before it; otherwise it returns ErrNotObtained.
-func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*Lease, error) {
+func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (l *Lease, err error) {
+	defer s.lk.c.obs.acquire(&ctx, &s.lk, callTry).end(&l, &err)
 	if err := s.check(n); err != nil {
 		return nil, err
 	}

@@ -222,7 +222,9 @@ func (c *Client) renew(batch []*holding, ttls []time.Duration) {
 		switch {
 		case err == nil && v == 1:
 			h.proved(sent, ttls[i])
+			c.obs.renewed(h, renewOK)
 		case err == nil || isForeign(err):
+			c.obs.renewed(h, renewLost)
 			h.lose("renewal found the lock gone")
 		default:
 			// Unknown: it may have run (its TTL counts), or not (the
@@ -230,6 +232,7 @@ func (c *Client) renew(batch []*holding, ttls []time.Duration) {
 			c.cfg.logger.Debug("dlock: renewal failed", "lock", h.lk.name, "err", err)
 			c.clusterHint(err)
 			h.doubted(sent, ttls[i])
+			c.obs.renewed(h, renewError)
 		}
 		h.endOp()
 	}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/redis/go-redis/v9"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 func init() {
@@ -32,6 +34,41 @@ func init() {
 			return fmt.Sprintf("as dlock, with dlock.NoRenew() (no watchdog): Client.Mutex(key, dlock.TTL(%v), dlock.NoRenew())", e.ttl)
 		},
 		open: func(e *env) (locker, error) { return openDlock(e, dlock.NoRenew()) },
+	})
+	register(&impl{
+		name:  "dlock-otel",
+		order: 15,
+		settings: func(e *env) string {
+			return fmt.Sprintf("as dlock, observed: dlock.New(shared go-redis client, dlock.WithMeterProvider(OTel SDK MeterProvider with a ManualReader nobody collects), dlock.WithTracerProvider(OTel SDK TracerProvider, default sampler, no exporter)); Client.Mutex(key, dlock.TTL(%v))", e.ttl)
+		},
+		open: func(e *env) (locker, error) {
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+			tp := sdktrace.NewTracerProvider()
+			return openDlockOn(e, dlock.New(e.rdb, dlock.WithMeterProvider(mp), dlock.WithTracerProvider(tp)))
+		},
+	})
+	register(&impl{
+		name:  "dlock-otel-metrics",
+		order: 16,
+		settings: func(e *env) string {
+			return fmt.Sprintf("as dlock-otel with metrics only: dlock.New(shared go-redis client, dlock.WithMeterProvider(OTel SDK MeterProvider with a ManualReader nobody collects)); Client.Mutex(key, dlock.TTL(%v))", e.ttl)
+		},
+		open: func(e *env) (locker, error) {
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+			return openDlockOn(e, dlock.New(e.rdb, dlock.WithMeterProvider(mp)))
+		},
+	})
+	register(&impl{
+		name:  "dlock-otel-sampled",
+		order: 17,
+		settings: func(e *env) string {
+			return fmt.Sprintf("as dlock-otel with a 1%% sampler: sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.01))); Client.Mutex(key, dlock.TTL(%v))", e.ttl)
+		},
+		open: func(e *env) (locker, error) {
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.01))))
+			return openDlockOn(e, dlock.New(e.rdb, dlock.WithMeterProvider(mp), dlock.WithTracerProvider(tp)))
+		},
 	})
 	register(&impl{
 		name:  "dlock-fair",
