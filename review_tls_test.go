@@ -1,0 +1,92 @@
+package dlock_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// aclLogCount is how many refusals a server's ACL LOG has counted (Redis
+// groups repeats of one refusal into one entry with a count).
+func aclLogCount(t testing.TB, s *redistest.Server) int64 {
+	t.Helper()
+	var n int64
+	entries, _ := s.Do(t, "ACL", "LOG").([]any)
+	for _, e := range entries {
+		var kv []any
+		switch e := e.(type) {
+		case []any:
+			kv = e
+		case map[any]any:
+			for k, v := range e {
+				kv = append(kv, k, v)
+			}
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			if fmt.Sprint(kv[i]) == "count" {
+				c, _ := kv[i+1].(int64)
+				n += c
+			}
+		}
+	}
+	return n
+}
+
+// One quorum master that refuses the user (here EVALSHA) is one master
+// that does not vote, not a reason to give up: the other masters can still
+// make a majority. With another master paused for a while, the first
+// attempts fall short of a majority; once it answers again, a Lock with a
+// ctx far from its end must obtain the lock, as it would if the refusing
+// master were merely down. A refusal by a minority of the masters is not
+// permanent.
+func TestQuorumMinorityRefusalNotPermanent(t *testing.T) {
+	masters := redistest.Masters(t, 3)
+	full := docACL(t, "dlock", aclPassword)
+	setACL(t, without(t, full, "+evalsha"), masters[0])
+	setACL(t, full, masters[1], masters[2])
+	var rdbs []redis.UniversalClient
+	for _, m := range masters {
+		rdbs = append(rdbs, m.Client(t, asUser("dlock", aclPassword)))
+	}
+	q, err := dlock.NewQuorum(rdbs, dlock.WithRestartDelay(0), dlock.WithNodeTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	ctx := ctxT(t, time.Minute)
+	masters[1].Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			masters[1].Resume()
+		}
+	}()
+	done := make(chan error, 1)
+	go func() {
+		l, err := q.Mutex("q-minority").Lock(ctx)
+		if err == nil {
+			err = l.Unlock(ctx)
+		}
+		done <- err
+	}()
+	// Two refused attempts show the first one fell short of a majority
+	// while masters[1] was paused; then it answers again.
+	for aclLogCount(t, masters[0]) < 2 {
+		select {
+		case err := <-done:
+			t.Fatalf("Lock returned while a majority could not answer yet: %v", err)
+		case <-ctx.Done():
+			t.Fatal("no second attempt")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	masters[1].Resume()
+	resumed = true
+	if err := <-done; err != nil {
+		t.Fatalf("Lock, once masters[1] and [2] could grant: %v", err)
+	}
+}
