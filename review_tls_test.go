@@ -2,6 +2,7 @@ package dlock_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,5 +89,34 @@ func TestQuorumMinorityRefusalNotPermanent(t *testing.T) {
 	resumed = true
 	if err := <-done; err != nil {
 		t.Fatalf("Lock, once masters[1] and [2] could grant: %v", err)
+	}
+}
+
+// On a Cluster too, a user without the channels (or SPUBLISH) is told so
+// at its first lock call, as docs/PRODUCTION.md says for every mode but
+// quorum, rather than obtaining locks whose releases cannot notify anyone.
+func TestACLNoChannelsCluster(t *testing.T) {
+	nodes := redistest.Cluster(t, 3)
+	full := docACL(t, "dlock", aclPassword)
+	for _, c := range []struct{ name, drop, want string }{
+		{"no channels", "&dlock:*", "&dlock:*"},
+		{"no SPUBLISH", "+spublish", "'spublish'"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			setACL(t, without(t, full, c.drop), nodes...)
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr()}, Username: "dlock", Password: aclPassword, DisableIdentity: true})
+			defer rdb.Close()
+			user := dlock.New(rdb)
+			defer user.Close()
+			ctx := ctxT(t, 30*time.Second)
+			l, err := user.Mutex("acl-cluster").TryLock(ctx)
+			if err == nil {
+				_ = l.Unlock(ctx)
+				t.Fatalf("TryLock obtained the lock, fence %d, for a user refused %s", l.Fence(), c.drop)
+			}
+			if !strings.Contains(err.Error(), "NOPERM") || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("TryLock: %v, want NOPERM naming %s", err, c.want)
+			}
+		})
 	}
 }
