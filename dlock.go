@@ -196,9 +196,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 			c.ap = ap
 		}
 	}
-	if hub.IsCluster(rdb) {
-		c.ps.set(hub.Sharded) // as hub.Detect would say, without asking
-	}
+	// A Cluster is sharded, but it is still asked (hub.Detect) at the first
+	// lock call, so that a user refused the channels is told there.
 	c.hub = hub.New(rdb, clientHandler{c}, cfg.logger, c.hubKind)
 	return c
 }

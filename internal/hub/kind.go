@@ -36,7 +36,10 @@ func (k Kind) String() string {
 }
 
 // Detect finds out which kind of pub/sub rdb's server offers. A Cluster is
-// Sharded without asking (see IsCluster). Otherwise it
+// Sharded (see IsCluster); it is still sent the probe, so that a user
+// refused it is told (NOPERM is returned), but no other reply or error
+// changes the kind: the probe's slot being unreachable must not fail locks
+// on every other slot. Otherwise it
 // publishes one empty message with SPUBLISH on probe, a channel nobody
 // subscribes to: a server that answers it does not know the command is
 // Plain; any other reply shows that it knows SPUBLISH, so it is Sharded,
@@ -45,10 +48,13 @@ func (k Kind) String() string {
 // means it could not tell (the server did not answer, or refused): ask
 // again later.
 func Detect(ctx context.Context, rdb redis.UniversalClient, probe string) (Kind, error) {
+	err := rdb.Do(ctx, "SPUBLISH", probe, "").Err()
 	if IsCluster(rdb) {
+		if err != nil && strings.HasPrefix(err.Error(), "NOPERM") {
+			return 0, err
+		}
 		return Sharded, nil
 	}
-	err := rdb.Do(ctx, "SPUBLISH", probe, "").Err()
 	var rerr redis.Error
 	switch {
 	case err == nil:
