@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,4 +120,45 @@ func TestACLNoChannelsCluster(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Through Sentinel too (a failover client), the documented user can run
+// every primitive, with replica acknowledgement, and after a failover to
+// the replica, and the servers that hold the locks refuse it nothing.
+func TestACLLeastPrivilegeSentinel(t *testing.T) {
+	r := redistest.StartReplicated(t)
+	setACL(t, docACL(t, "dlock", aclPassword), r.Primary, r.Replica)
+	ctx := ctxT(t, 2*time.Minute)
+	failover := func() *redis.Client {
+		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: r.Addrs(), Username: "dlock", Password: aclPassword, DisableIdentity: true})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	var renewals atomic.Int64
+	a := dlock.New(failover())
+	countRenewals(a, &renewals)
+	b := dlock.New(failover())
+	everyPrimitive(t, ctx, a, b, &renewals, r.Client(t), func(*dlock.Lease) {})
+	acked := dlock.New(failover(), dlock.WithReplicaAck(1, time.Second))
+	l, err := acked.Mutex("acked").Lock(ctx)
+	if err != nil {
+		t.Fatalf("WithReplicaAck through Sentinel: %v", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.Failover(t)
+	l, err = a.Mutex("after-failover").Lock(ctx)
+	if err != nil {
+		t.Fatalf("Lock after the failover: %v", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*dlock.Client{a, b, acked} {
+		if err := c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}
+	noDenials(t, r.Primary, r.Replica)
 }
