@@ -162,3 +162,34 @@ func TestACLLeastPrivilegeSentinel(t *testing.T) {
 	}
 	noDenials(t, r.Primary, r.Replica)
 }
+
+// A holder whose user loses a command that a script runs is told which
+// script by Unlock and Extend too, as a lock call is, not only Redis's
+// message, which names neither the command nor the script.
+func TestACLRevokedScriptCommandNamed(t *testing.T) {
+	s := redistest.Start(t)
+	full := docACL(t, "dlock", aclPassword)
+	ctx := ctxT(t, 30*time.Second)
+	for _, c := range []struct {
+		drop, script string
+		call         func(*dlock.Lease) error
+	}{
+		{"+hdel", "release.lua", func(l *dlock.Lease) error { return l.Unlock(ctx) }},
+		{"+pexpire", "extend.lua", func(l *dlock.Lease) error { return l.Extend(ctx, time.Minute) }},
+	} {
+		setACL(t, full, s)
+		user := dlock.New(s.Client(t, asUser("dlock", aclPassword)))
+		l, err := user.Mutex("revoked"+c.drop, dlock.NoRenew()).TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		setACL(t, without(t, full, c.drop), s)
+		err = c.call(l)
+		for _, w := range []string{`lock "revoked` + c.drop + `"`, "can't run this command", "dlock's script " + c.script, "docs/PRODUCTION.md"} {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("without %s: %v, want it to say %q", c.drop, err, w)
+			}
+		}
+		_ = user.Close()
+	}
+}
