@@ -186,9 +186,8 @@ func newOver(drv driver.Conn, cfg clientConfig) *Client {
 		cfg.quorum.err = invalidf("%s applies to NewQuorum only", cfg.quorum.set)
 	}
 	c := newClient(drv, cfg)
-	if c.tr.Cluster {
-		c.ps.set(hub.Sharded) // as hub.Detect would say, without asking
-	}
+	// A Cluster is sharded, but it is still asked (hub.Detect) at the first
+	// lock call, so that a user refused the channels is told there.
 	c.hub = hub.New(drv, clientHandler{c}, cfg.logger, c.hubKind)
 	return c
 }

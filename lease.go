@@ -151,7 +151,7 @@ func (l *Lease) ask(ctx context.Context, ttl time.Duration, c call, what string)
 			h.doubted(sent, ttl)
 		}
 		h.c.clusterHint(err)
-		return 0, nameErr(h.lk.name, err)
+		return 0, nameErr(h.lk.name, explainRefusal(err))
 	}
 	n, _ := v.(int64)
 	if ttl > 0 && n == 1 {
@@ -293,7 +293,7 @@ func (h *holding) release(ctx context.Context) error {
 		return nameErr(h.lk.name, err)
 	}
 	if err != nil {
-		return nameErr(h.lk.name, fmt.Errorf("release: %w", err))
+		return nameErr(h.lk.name, fmt.Errorf("release: %w", explainRefusal(err)))
 	}
 	code, _ := v.(int64)
 	if code == wire.ReleaseNotOwner && retry {

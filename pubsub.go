@@ -39,7 +39,7 @@ func (p *pubsub) set(k hub.Kind) {
 // pubsubReady makes sure c knows its server's kind of pub/sub, which a
 // script that publishes and a subscription need. The first call of the
 // Client asks the server with one SPUBLISH (hub.Detect); a Cluster is
-// sharded from the start. An error means the server did not answer: the
+// sharded, and asked only to learn whether the user may publish. An error means the server did not answer: the
 // caller fails as its own command would have, and the next call asks again.
 func (c *Client) pubsubReady(ctx context.Context) error {
 	if c.ps.known.Load() {

@@ -293,6 +293,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 	granted := make(map[int]uint64, n)
 	var doubt, held, refused int // refused: no vote (restarting) or a bad reply
 	var unknown []int            // the masters in doubt: their outcome is unknown
+	var denials minorityCount    // the masters whose server refused the user (see refused)
 	// heldBy counts the held replies by the holder's fence: a holder with
 	// a majority has raised its fence on one (see raise), while contenders
 	// in the middle of their attempts hold the masters with fences of each
@@ -316,6 +317,7 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 				return r, false, lk.kindErr(v.err)
 			}
 			firstErr = cmp(firstErr, v.err)
+			denials.saw(v.err)
 			doubt++
 			unknown = append(unknown, v.i)
 		case len(a) < 2:
@@ -387,10 +389,46 @@ func (q *quorum) acquire(ctx context.Context, h *holding) (r look, split bool, e
 		r.left = left
 		return r, top < q.maj, nil
 	}
+	firstErr = denials.curable(firstErr, n-q.maj)
 	if doubt == n {
 		return r, false, fmt.Errorf("acquire: no master answered: %w", firstErr)
 	}
 	return r, true, q.shortErr("acquire", len(granted), held, refused, doubt, firstErr)
+}
+
+// minorityCount counts the masters of one attempt that refused the user
+// (ACL, authentication, certificate).
+type minorityCount int
+
+func (m *minorityCount) saw(err error) {
+	if refused(err) {
+		*m++
+	}
+}
+
+// curable returns err marked as one that retrying can cure if the masters
+// that refused were few enough (at most spare) for the others to make a
+// majority: one misconfigured master is one that does not vote, as if it
+// were down, not a reason for a Lock to give up.
+func (m minorityCount) curable(err error, spare int) error {
+	if err == nil || m == 0 || int(m) > spare {
+		return err
+	}
+	return &minorityRefusal{err}
+}
+
+// minorityRefusal is an error of a quorum attempt in which some masters
+// refused the user, too few to prevent a majority (see curable).
+type minorityRefusal struct{ err error }
+
+func (e *minorityRefusal) Error() string { return e.err.Error() }
+func (e *minorityRefusal) Unwrap() error { return e.err }
+
+// quorumPermanent is permanent, except for a refusal by a minority of the
+// masters: the others may yet make a majority.
+func quorumPermanent(err error) bool {
+	var m *minorityRefusal
+	return permanent(err) && !errors.As(err, &m)
 }
 
 // rest follows the last k votes of h's granted attempt, in the background.
@@ -855,7 +893,7 @@ func (q *quorum) lock(ctx context.Context, lk *lock) (*Lease, error) {
 	switch {
 	case err == nil && r.ok:
 		return lk.obtained(ctx, h, r, nil)
-	case ctx.Err() != nil || err != nil && permanent(err):
+	case ctx.Err() != nil || err != nil && quorumPermanent(err):
 		return nil, lk.fail(ctx, err)
 	}
 	lc, w, ready := q.join(lk, h)
@@ -889,7 +927,7 @@ wait:
 		switch {
 		case err == nil && r.ok:
 			return lk.obtained(ctx, h, r, nil)
-		case ctx.Err() != nil || err != nil && permanent(err):
+		case ctx.Err() != nil || err != nil && quorumPermanent(err):
 			return nil, lk.fail(ctx, cmp(ctx.Err(), err))
 		case err != nil || split:
 			// Masters down, restarting or split among contenders: try

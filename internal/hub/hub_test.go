@@ -47,7 +47,8 @@ func TestSingleServer(t *testing.T) {
 }
 
 // Detect tells a server with sharded pub/sub from one without, and says
-// when it cannot tell; a Cluster is sharded without a question.
+// when it cannot tell; a Cluster is sharded whatever the probe meets
+// but a refusal.
 func TestDetect(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -65,7 +66,7 @@ func TestDetect(t *testing.T) {
 	unreachable := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
 	defer unreachable.Close()
 	if got, err := hub.Detect(ctx, goredis.New(unreachable, false), "probe"); got != hub.Sharded || err != nil {
-		t.Errorf("Detect on a Cluster = %v, %v; want sharded without asking", got, err)
+		t.Errorf("Detect on a Cluster = %v, %v; want sharded, whatever the probe met", got, err)
 	}
 }
 

@@ -36,7 +36,10 @@ func (k Kind) String() string {
 }
 
 // Detect finds out which kind of pub/sub drv's server offers. A Cluster is
-// Sharded without asking (see driver.Traits.Cluster). Otherwise it
+// Sharded (see driver.Traits.Cluster); it is still sent the probe, so that a user
+// refused it is told (NOPERM is returned), but no other reply or error
+// changes the kind: the probe's slot being unreachable must not fail locks
+// on every other slot. Otherwise it
 // publishes one empty message with SPUBLISH on probe, a channel nobody
 // subscribes to: a server that answers it does not know the command is
 // Plain; any other reply shows that it knows SPUBLISH, so it is Sharded,
@@ -45,10 +48,13 @@ func (k Kind) String() string {
 // means it could not tell (the server did not answer, or refused): ask
 // again later.
 func Detect(ctx context.Context, drv driver.Conn, probe string) (Kind, error) {
+	_, err := drv.Do(ctx, []any{"spublish", probe, ""}, false)
 	if drv.Traits().Cluster {
+		if err != nil && strings.HasPrefix(err.Error(), "NOPERM") {
+			return 0, err
+		}
 		return Sharded, nil
 	}
-	_, err := drv.Do(ctx, []any{"spublish", probe, ""}, false)
 	var rerr driver.ReplyError
 	switch {
 	case err == nil:
