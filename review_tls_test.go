@@ -107,7 +107,7 @@ func TestACLNoChannelsCluster(t *testing.T) {
 			setACL(t, without(t, full, c.drop), nodes...)
 			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr()}, Username: "dlock", Password: aclPassword, DisableIdentity: true})
 			defer rdb.Close()
-			user := dlock.New(rdb)
+			user := newDlock(t, rdb)
 			defer user.Close()
 			ctx := ctxT(t, 30*time.Second)
 			l, err := user.Mutex("acl-cluster").TryLock(ctx)
@@ -130,16 +130,16 @@ func TestACLLeastPrivilegeSentinel(t *testing.T) {
 	setACL(t, docACL(t, "dlock", aclPassword), r.Primary, r.Replica)
 	ctx := ctxT(t, 2*time.Minute)
 	failover := func() *redis.Client {
-		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: r.Addrs(), Username: "dlock", Password: aclPassword, DisableIdentity: true})
+		c := redistest.NewFailoverClient(&redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: r.Addrs(), Username: "dlock", Password: aclPassword, DisableIdentity: true})
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
 	var renewals atomic.Int64
-	a := dlock.New(failover())
+	a := newDlock(t, failover())
 	countRenewals(a, &renewals)
-	b := dlock.New(failover())
+	b := newDlock(t, failover())
 	everyPrimitive(t, ctx, a, b, &renewals, r.Client(t), func(*dlock.Lease) {})
-	acked := dlock.New(failover(), dlock.WithReplicaAck(1, time.Second))
+	acked := newDlock(t, failover(), dlock.WithReplicaAck(1, time.Second))
 	l, err := acked.Mutex("acked").Lock(ctx)
 	if err != nil {
 		t.Fatalf("WithReplicaAck through Sentinel: %v", err)
@@ -178,7 +178,7 @@ func TestACLRevokedScriptCommandNamed(t *testing.T) {
 		{"+pexpire", "extend.lua", func(l *dlock.Lease) error { return l.Extend(ctx, time.Minute) }},
 	} {
 		setACL(t, full, s)
-		user := dlock.New(s.Client(t, asUser("dlock", aclPassword)))
+		user := newDlock(t, s.Client(t, asUser("dlock", aclPassword)))
 		l, err := user.Mutex("revoked"+c.drop, dlock.NoRenew()).TryLock(ctx)
 		if err != nil {
 			t.Fatal(err)
