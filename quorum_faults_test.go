@@ -606,7 +606,12 @@ func TestFault2QuorumExtendUnlockAfterExpiry(t *testing.T) {
 // ends (bounded by its ctx).
 func TestFault13QuorumContentionStorm(t *testing.T) {
 	servers, rdbs := quorumMasters(t, 5)
-	cs := []*dlock.Client{newQuorum(t, rdbs), newQuorum(t, rdbs), newQuorum(t, rdbs)}
+	// A per-master timeout above the 50ms default: with 100 callers and
+	// five servers on two loaded cores, a master's answer often took longer,
+	// no attempt reached a majority in time and the storm made no progress
+	// within a minute (exclusion is what is checked, at any timeout).
+	node := dlock.WithNodeTimeout(500 * time.Millisecond)
+	cs := []*dlock.Client{newQuorum(t, rdbs, node), newQuorum(t, rdbs, node), newQuorum(t, rdbs, node)}
 	start := time.Now()
 	contend(t, ctxT(t, 60*time.Second), servers[0].Client(t), 100, 1, func(g int) *dlock.Mutex { return cs[g%3].Mutex("q13") })
 	t.Logf("100 grants in %v", time.Since(start))

@@ -503,12 +503,19 @@ func TestQuorumEpochNotBeforeRestart(t *testing.T) {
 		up := time.Now()
 		next := killed.Truncate(time.Second).Add(time.Second)
 		time.Sleep(time.Until(next.Add(30 * time.Millisecond)))
-		// A new Client certifies each master at its first call.
-		c := newQuorum(t, rdbs)
+		// A new Client certifies each master at its first call. The
+		// per-master timeout is generous: on a loaded machine the restarted
+		// master's first answer took longer than the 50ms default, and it
+		// was then not certified at all.
+		c := newQuorum(t, rdbs, dlock.WithNodeTimeout(2*time.Second))
 		if l, err := c.Mutex("epoch").TryLock(ctx); err == nil {
 			_ = l.Unlock(ctx)
 		}
-		start, _, _ := strings.Cut(servers[0].Do(t, "get", "dlock:epoch").(string), " ") // "START RUN_ID"
+		got, ok := servers[0].Do(t, "get", "dlock:epoch").(string)
+		if !ok {
+			t.Fatalf("the restarted master has no epoch key after a TryLock certified it")
+		}
+		start, _, _ := strings.Cut(got, " ") // "START RUN_ID"
 		epoch, err := strconv.ParseInt(start, 10, 64)
 		if err != nil {
 			t.Fatal(err)
