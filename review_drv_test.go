@@ -71,3 +71,88 @@ func TestReviewManyChannelsResubscribedAfterReset(t *testing.T) {
 		_ = l.Unlock(ctx)
 	}
 }
+
+// TestReviewBackgroundLockAcrossPause: Lock with context.Background()
+// waits for a lock whose holder's server is stopped (SIGSTOP) past the
+// holder's TTL, then resumed. The waiter's calls fail while the server is
+// stopped; it must obtain the lock once the server runs again, and only
+// after the holder's lease has ended on the holder's side.
+func TestReviewBackgroundLockAcrossPause(t *testing.T) {
+	ctx := ctxT(t, 60*time.Second)
+	site := startS(t)
+	holderC, rdb := site.client(t)
+	waiterC, _ := site.client(t)
+	s := site.serverOf(t, "")
+	const name = "bg-pause"
+	warmUp(t, ctx, waiterC, name)
+	held, err := holderC.Mutex(name, dlock.TTL(2*time.Second)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		l   *dlock.Lease
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := waiterC.Mutex(name, dlock.TTL(10*time.Second)).Lock(context.Background())
+		done <- result{l, err}
+	}()
+	waitLine(t, ctx, rdb, "dlock:{"+name+"}", 1)
+	s.Pause()
+	time.Sleep(5 * time.Second) // stopped past the holder's TTL and the clients' 3s bound
+	s.Resume()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(40 * time.Second):
+		t.Fatal("Lock(context.Background()) did not return 40s after the server resumed")
+	}
+	if r.err != nil {
+		t.Fatalf("Lock after the pause: %v", r.err)
+	}
+	select {
+	case <-held.Context().Done():
+	default:
+		t.Fatal("the waiter obtained the lock while the holder's lease was still live")
+	}
+	if o := owner(ctx, rdb, name); o != r.l.Token() {
+		t.Fatalf("owner %q, want the waiter's token %q", o, r.l.Token())
+	}
+	if err := r.l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = held.Unlock(ctx)
+}
+
+// TestReviewWaiterAfterRestart: a server restarted without persistence
+// loses a held lock (documented); a waiter's subscription connection is
+// cut by the restart, and the hub's repair (a Gap) makes the waiter look
+// again: it must obtain the lock within 20s, well before the lost
+// holder's 60s TTL.
+func TestReviewWaiterAfterRestart(t *testing.T) {
+	ctx := ctxT(t, 60*time.Second)
+	site := startS(t)
+	holderC, rdb := site.client(t)
+	waiterC, _ := site.client(t)
+	s := site.serverOf(t, "")
+	const name = "restart-wait"
+	held, err := holderC.Mutex(name, dlock.TTL(60*time.Second)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = held.Unlock(ctx) }()
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	got := async(t, wctx, waiterC.Mutex(name, dlock.TTL(10*time.Second)).Lock)
+	waitLine(t, ctx, rdb, "dlock:{"+name+"}", 1)
+	s.Restart(t)
+	l, err := got()
+	if err != nil {
+		t.Fatalf("waiter after the restart: %v", err)
+	}
+	if o := owner(ctx, rdb, name); o != l.Token() {
+		t.Fatalf("owner %q, want the waiter's token %q", o, l.Token())
+	}
+	_ = l.Unlock(ctx)
+}
