@@ -156,3 +156,55 @@ func TestReviewWaiterAfterRestart(t *testing.T) {
 	}
 	_ = l.Unlock(ctx)
 }
+
+// TestReviewCloseWhileServerStopped: Close while the server is stopped
+// (SIGSTOP) and a Lock(context.Background()) and a Lock with a deadline
+// are in flight: Close must return, and both Locks with it (ErrClosed or
+// the calls' failure), while the server is still stopped (each call is
+// bounded by the client's 3s).
+func TestReviewCloseWhileServerStopped(t *testing.T) {
+	ctx := ctxT(t, 60*time.Second)
+	site := startS(t)
+	c, _ := site.client(t)
+	s := site.serverOf(t, "")
+	warmUp(t, ctx, c, "close-stopped")
+	s.Pause()
+	defer s.Resume()
+	type result struct {
+		l   *dlock.Lease
+		err error
+	}
+	bg, dl := make(chan result, 1), make(chan result, 1)
+	go func() {
+		l, err := c.Mutex("close-stopped").Lock(context.Background())
+		bg <- result{l, err}
+	}()
+	go func() {
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		l, err := c.Mutex("close-stopped-2").Lock(lctx)
+		dl <- result{l, err}
+	}()
+	time.Sleep(500 * time.Millisecond) // both sent to the stopped server
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close did not return within 20s with the server stopped")
+	}
+	for _, w := range []struct {
+		what string
+		ch   chan result
+	}{{"Lock(ctx)", dl}, {"Lock(context.Background())", bg}} {
+		select {
+		case r := <-w.ch:
+			if r.err == nil {
+				t.Fatalf("%s obtained the lock from a stopped server", w.what)
+			}
+			t.Logf("%s: %v", w.what, r.err)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s still running 20s after Close, the server stopped", w.what)
+		}
+	}
+}
