@@ -174,6 +174,12 @@ func (lk *lock) firstLook(ctx context.Context, h *holding) (l *Lease, err error,
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
+		case <-lk.c.bg.Done(): // Close: a waiting call returns ErrClosed
+			t.Stop()
+		}
+		if lk.c.closed.Load() {
+			lk.abandon(ctx, h.token, err)
+			return nil, nameErr(lk.name, ErrClosed), true
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
 	}

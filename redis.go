@@ -182,7 +182,12 @@ func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent bool
 	}
 	v, err := c.direct(ctx, s, args, false, late)
 	if err != nil {
-		v, err = resend(ctx, v, err, func(error) { *doubt = true }, func() (any, error) { return c.direct(ctx, s, args, false, late) })
+		v, err = resend(ctx, v, err, func(error) { *doubt = true }, func() (any, error) {
+			if c.closed.Load() {
+				return nil, ErrClosed // not sent: Close ends a waiting call
+			}
+			return c.direct(ctx, s, args, false, late)
+		})
 	}
 	return v, err
 }

@@ -23,18 +23,31 @@ type pubsub struct {
 
 	mu     sync.Mutex
 	dc     rueidis.DedicatedClient // nil until the first command (guarded by mu)
-	events chan driver.Event
-	errs   chan error // refusals, queued in order with events (see event)
 	dead   chan struct{}
 	err    error // why dead was closed
 	closed sync.Once
 	timer  *time.Timer // Receive's, reused (one reader)
+
+	// What Receive is to return, in order. Unbounded: the hooks run on
+	// rueidis's reader, and the hub reads only after its first batch of
+	// commands is sent, each of which waits for its reply here: a bounded
+	// queue filled before the hub reads would stop the reader, and with
+	// it every reply the writer waits for.
+	qmu   sync.Mutex
+	queue []item
+	ready chan struct{} // buffered 1: queue has items
+}
+
+// item is one thing for Receive: an event, or a refusal (err).
+type item struct {
+	ev  driver.Event
+	err error
 }
 
 var errDropped = errors.New("rueidisdlock: subscription connection closed")
 
 func newPubSub(src rueidis.Client) *pubsub {
-	return &pubsub{src: src, events: make(chan driver.Event, 64), errs: make(chan error, 64), dead: make(chan struct{})}
+	return &pubsub{src: src, ready: make(chan struct{}, 1), dead: make(chan struct{})}
 }
 
 // conn returns the dedicated connection, made on first use, or nil once
@@ -70,23 +83,34 @@ func (p *pubsub) conn() rueidis.DedicatedClient {
 	return p.dc
 }
 
-// put queues an event unless the connection is dead (the reader must
-// never block for a connection nobody reads).
-func (p *pubsub) put(e driver.Event) {
+// put queues an event for Receive, in the order of the calls; it never
+// blocks (it runs on rueidis's reader).
+func (p *pubsub) put(e driver.Event) { p.push(item{ev: e}) }
+
+// refuse queues an error reply in order with the events.
+func (p *pubsub) refuse(err error) { p.push(item{err: err}) }
+
+func (p *pubsub) push(it item) {
+	p.qmu.Lock()
+	p.queue = append(p.queue, it)
+	p.qmu.Unlock()
 	select {
-	case p.events <- e:
-	case <-p.dead:
+	case p.ready <- struct{}{}:
+	default:
 	}
 }
 
-// refuse queues an error reply in order with the events: as an event of
-// type 0 whose Payload is looked up in errs.
-func (p *pubsub) refuse(err error) {
-	select {
-	case p.errs <- err:
-		p.put(driver.Event{})
-	case <-p.dead:
+// next takes the oldest queued item, if any.
+func (p *pubsub) next() (item, bool) {
+	p.qmu.Lock()
+	defer p.qmu.Unlock()
+	if len(p.queue) == 0 {
+		return item{}, false
 	}
+	it := p.queue[0]
+	p.queue[0] = item{}
+	p.queue = p.queue[1:]
+	return it, true
 }
 
 func (p *pubsub) kill(err error) {
@@ -148,24 +172,28 @@ func (p *pubsub) Ping(ctx context.Context) error {
 }
 
 func (p *pubsub) Receive(ctx context.Context, timeout time.Duration) (driver.Event, error) {
+	if it, ok := p.next(); ok {
+		return it.ev, it.err
+	}
 	if p.timer == nil {
 		p.timer = time.NewTimer(timeout)
 	} else {
 		p.timer.Reset(timeout)
 	}
 	defer p.timer.Stop()
-	select {
-	case e := <-p.events:
-		if e.Type == 0 {
-			return e, <-p.errs
+	for {
+		select {
+		case <-p.ready:
+			if it, ok := p.next(); ok {
+				return it.ev, it.err
+			}
+		case <-p.dead:
+			return driver.Event{}, p.err
+		case <-ctx.Done():
+			return driver.Event{}, ctx.Err()
+		case <-p.timer.C:
+			return driver.Event{}, fmt.Errorf("rueidisdlock: nothing received within %v", timeout)
 		}
-		return e, nil
-	case <-p.dead:
-		return driver.Event{}, p.err
-	case <-ctx.Done():
-		return driver.Event{}, ctx.Err()
-	case <-p.timer.C:
-		return driver.Event{}, fmt.Errorf("rueidisdlock: nothing received within %v", timeout)
 	}
 }
 
