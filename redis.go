@@ -166,9 +166,12 @@ func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent bool
 	// Calls go straight to a pooled connection unless many are in flight:
 	// batching saves system calls only when there are round trips to
 	// share, and costs every call a hop through the pipeliner's goroutine.
+	// A driver whose Submit sends at once and waits without a goroutine
+	// (driver.Traits.EagerSubmit) is cheaper than running the call aside,
+	// so it takes every call that would run aside, urgent ones too.
 	n := c.inflight.Add(1)
 	defer c.inflight.Add(-1)
-	if n > pipelineAbove && c.tr.Pipelined && !urgent {
+	if c.tr.Pipelined && (n > pipelineAbove && !urgent || c.tr.EagerSubmit && ctx.Done() != nil) {
 		v, err := c.pipelined(ctx, s, args, late)
 		if err != nil && doubt != nil {
 			// Ask again with the same line, as on a pooled connection (an

@@ -17,6 +17,7 @@ type conn struct {
 	traits driver.Traits
 	slots  *slotMap // on a Cluster: where each slot's master is
 	one    *node    // off Cluster: the one server
+	batch  *batcher // off Cluster: Submit's pipeliner
 }
 
 var _ driver.Conn = (*conn)(nil)
@@ -28,6 +29,12 @@ func newConn(c rueidis.Client) *conn {
 		k.slots = newSlotMap(c)
 	} else {
 		k.one = &node{c: c}
+		// Off Cluster every call goes to one server, so a batch waits on
+		// nothing that its calls would not wait on alone. On a Cluster a
+		// DoMulti waits for its slowest master: a paused one would hold
+		// the calls for the others, so calls there stay apart.
+		k.batch = &batcher{c: c}
+		k.traits.Pipelined, k.traits.EagerSubmit = true, true
 	}
 	// ContextAware false: calls are sent without the caller's
 	// cancellation (see do) and dlock waits for them aside, so that a
@@ -41,9 +48,13 @@ func (k *conn) Traits() driver.Traits { return k.traits }
 // build turns a command line (see driver) into a rueidis command, with its
 // keys marked so that a Cluster client routes it by their slot.
 func build(b rueidis.Builder, line []any) rueidis.Completed {
-	args := make([]string, len(line))
-	for i, a := range line {
-		args[i] = str(a)
+	// The strings go into the command's own slice: a buffer on the stack
+	// holds them until then (dlock's lines are short), saving an
+	// allocation per call.
+	var buf [12]string
+	args := buf[:0]
+	for _, a := range line {
+		args = append(args, str(a))
 	}
 	nkeys, first := 0, 1
 	switch args[0] {
@@ -86,7 +97,10 @@ func atoi(s string) int {
 // cancellation is dropped: dlock runs the call aside and takes the reply
 // whenever it comes (driver.Traits.ContextAware is false).
 func (k *conn) Do(ctx context.Context, line []any, once bool) (any, error) {
-	return reply(k.c.Do(context.WithoutCancel(ctx), build(k.c.B(), line)))
+	if ctx.Done() != nil {
+		ctx = context.WithoutCancel(ctx) // a ctx that cannot end needs no wrapper (it would cost an allocation)
+	}
+	return reply(k.c.Do(ctx, build(k.c.B(), line)))
 }
 
 // Pipe implements driver.Conn. Unlike Do it keeps ctx: dlock takes no late
@@ -108,10 +122,15 @@ func pipe(ctx context.Context, c rueidis.CoreClient, lines [][]any) []driver.Rep
 	return out
 }
 
-// Submit implements driver.Conn; dlock never calls it, as Traits says
-// there is no pipeliner apart from Do (rueidis batches Do calls itself).
-func (k *conn) Submit(ctx context.Context, line []any, _ func(any, error), _ func(func()) bool) (any, error) {
-	return k.Do(ctx, line, true)
+// Submit implements driver.Conn through the batcher (off Cluster; Traits
+// says so): the caller returns when ctx ends and late gets the reply that
+// comes after. rueidis resends no line built with Arbitrary, so every line
+// is sent once. On a Cluster dlock never calls it; it then runs as Do.
+func (k *conn) Submit(ctx context.Context, line []any, late func(any, error), goBg func(func()) bool) (any, error) {
+	if k.batch == nil {
+		return k.Do(ctx, line, true)
+	}
+	return k.batch.do(ctx, build(k.c.B(), line), late, goBg)
 }
 
 func (k *conn) Node(ctx context.Context, key string) (driver.Node, error) {

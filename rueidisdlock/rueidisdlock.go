@@ -13,9 +13,13 @@
 //     client without ContextTimeoutEnabled: the command is sent without the
 //     caller's cancellation, the call returns when ctx ends, and the reply,
 //     when it comes, is still acted on (a grant that came too late is given
-//     back rather than left to its TTL). A command on a connection that
-//     stops answering fails when rueidis gives the connection up
-//     (ClientOption.ConnWriteTimeout, 10 s by default).
+//     back rather than left to its TTL). Off Cluster, concurrent calls go
+//     together (DoMulti) from a few shared goroutines, each caller waiting
+//     on its own channel or its ctx, rather than on a goroutine each; on a
+//     Cluster each call waits aside, so that a paused master holds up only
+//     its own calls. A command on a connection that stops answering fails
+//     when rueidis gives the connection up (ClientOption.ConnWriteTimeout,
+//     10 s by default).
 //   - rueidis never resends the commands dlock sends (they are built with
 //     Arbitrary, which rueidis does not mark retryable): a release is sent
 //     once and dlock decides whether to send it again, knowing that it did

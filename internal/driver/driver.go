@@ -82,6 +82,11 @@ type Traits struct {
 	// deferred autopipeliner). Otherwise Do does so itself, or nothing
 	// does, and the engine never calls Submit.
 	Pipelined bool
+	// EagerSubmit: Submit sends a line at once (it holds none back to
+	// batch it) and waits without a goroutine per call, so the engine
+	// uses it for every call it would otherwise run aside (one whose ctx
+	// can end), however few are in flight. Only with Pipelined.
+	EagerSubmit bool
 	// ReadTimeout bounds how long the client waits for a reply on one
 	// connection (0: no bound); AckErr, if not nil, says why WAIT cannot
 	// be sent on the connection that wrote (WithReplicaAck is refused).

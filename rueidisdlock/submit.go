@@ -1,0 +1,152 @@
+package rueidisdlock
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/rueidis"
+)
+
+// batcher is Submit's pipeliner: concurrent calls are sent together with
+// DoMulti by a few flusher goroutines, under no cancellation, and each
+// caller waits on its own channel or its ctx. A caller whose ctx ends
+// returns at once; the flusher that gets its reply later hands it to late.
+// This keeps what running each call aside on a goroutine of its own gave
+// (the caller is bounded by ctx, a late reply is acted on) without a
+// goroutine, a closure and a channel per call: rueidis's own ctx handling
+// cannot replace it, for it drops the reply of a call whose ctx ended
+// (pipe.Do's abort path), so a late grant could not be given back.
+//
+// It sends at once: a flusher that is free takes the queue as it is, so a
+// lone call waits for nobody, and calls that come while every flusher
+// waits for a reply go together in the next batch.
+type batcher struct {
+	c       rueidis.Client
+	mu      sync.Mutex
+	queue   []*pending
+	running int        // flushers started and not yet finished
+	spare   []*scratch // flushers' buffers, kept for the next flushers
+}
+
+// scratch is one flusher's buffers: flushers come and go with the load,
+// their buffers stay.
+type scratch struct {
+	batch []*pending
+	cmds  []rueidis.Completed
+}
+
+// maxFlushers bounds the batches in flight at once: more than one, so that
+// the server works on one batch while the replies of another are handed
+// out and the next is written.
+const maxFlushers = 4
+
+// pending is one call waiting for its reply. state says who owns it once
+// the reply comes: the caller (answered) or the flusher (gone: the caller
+// left at ctx's end, so the flusher hands the reply to late).
+type pending struct {
+	cmd   rueidis.Completed
+	late  func(any, error)
+	goBg  func(func()) bool
+	state atomic.Int32
+	done  chan struct{} // buffered 1: the flusher's signal that v and err are set
+	v     any
+	err   error
+}
+
+const (
+	waiting int32 = iota
+	answered
+	gone
+)
+
+var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
+
+// do sends cmd and waits for its reply or for ctx; see batcher.
+func (b *batcher) do(ctx context.Context, cmd rueidis.Completed, late func(any, error), goBg func(func()) bool) (any, error) {
+	p := pendings.Get().(*pending)
+	p.cmd, p.late, p.goBg = cmd, late, goBg
+	p.state.Store(waiting)
+	b.mu.Lock()
+	b.queue = append(b.queue, p)
+	start := b.running < maxFlushers
+	if start {
+		b.running++
+	}
+	b.mu.Unlock()
+	if start {
+		go b.flush()
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		if p.state.CompareAndSwap(waiting, gone) {
+			return nil, ctx.Err() // p is the flusher's now
+		}
+		<-p.done // the reply came at the same moment: take it
+	}
+	v, err := p.v, p.err
+	p.release()
+	return v, err
+}
+
+// flush sends the queue in batches until it finds it empty.
+func (b *batcher) flush() {
+	b.mu.Lock()
+	var sc *scratch
+	if n := len(b.spare); n > 0 {
+		sc, b.spare = b.spare[n-1], b.spare[:n-1]
+	} else {
+		sc = new(scratch)
+	}
+	for len(b.queue) > 0 {
+		sc.batch, b.queue = b.queue, sc.batch[:0]
+		b.mu.Unlock()
+		b.send(sc)
+		b.mu.Lock()
+	}
+	b.running--
+	b.spare = append(b.spare, sc)
+	b.mu.Unlock()
+}
+
+// send sends one batch and hands out its replies.
+func (b *batcher) send(sc *scratch) {
+	// No cancellation: the reply must come back even if its caller left
+	// (see batcher); a connection that stops answering fails the batch
+	// when rueidis gives it up (ConnWriteTimeout).
+	ctx := context.Background()
+	var one [1]rueidis.RedisResult
+	var rs []rueidis.RedisResult
+	if len(sc.batch) == 1 {
+		one[0] = b.c.Do(ctx, sc.batch[0].cmd) // DoMulti would allocate its results
+		rs = one[:]
+	} else {
+		sc.cmds = sc.cmds[:0]
+		for _, p := range sc.batch {
+			sc.cmds = append(sc.cmds, p.cmd)
+		}
+		rs = b.c.DoMulti(ctx, sc.cmds...)
+		clear(sc.cmds)
+	}
+	for i, p := range sc.batch {
+		sc.batch[i] = nil
+		p.v, p.err = reply(rs[i])
+		if p.state.CompareAndSwap(waiting, answered) {
+			p.done <- struct{}{} // from here p is the caller's
+			continue
+		}
+		// The caller left: hand the reply to late on a tracked
+		// goroutine (late may send again, which must not wait
+		// behind this flusher's batch).
+		if late, v, err := p.late, p.v, p.err; late != nil {
+			p.goBg(func() { late(v, err) })
+		}
+		p.release()
+	}
+}
+
+func (p *pending) release() {
+	p.cmd, p.late, p.goBg, p.v, p.err = rueidis.Completed{}, nil, nil, nil, nil
+	pendings.Put(p)
+}
