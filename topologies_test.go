@@ -51,6 +51,10 @@ type site struct {
 	frozen  func(t *testing.T, ctx context.Context, stopped *redistest.Server, names []string)
 	resumed func(t *testing.T, stopped *redistest.Server, key string)
 
+	// failsOver: the stopped server's replica is promoted while it is
+	// stopped (R), and its waiters move to it.
+	failsOver bool
+
 	made  atomic.Int64
 	names map[*dlock.Client]string
 }
@@ -177,7 +181,8 @@ func startR(t *testing.T) *site {
 			t.Cleanup(func() { _ = c.Close() })
 			return c
 		},
-		serverOf: func(*testing.T, string) *redistest.Server { return r.Primary },
+		serverOf:  func(*testing.T, string) *redistest.Server { return r.Primary },
+		failsOver: true,
 		// The sentinels promote the replica, and every waiting Client
 		// follows it: a failover client closes its connections to the old
 		// primary when it hears of the switch, or when it dials (it asks
