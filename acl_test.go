@@ -227,22 +227,7 @@ func missingPiece(t *testing.T, s *redistest.Server, holder *dlock.Client, p exc
 		{"TryLock", free, p.tryWait(user, free)},
 		{"Lock", name, p.wait(user, name)},
 	} {
-		done := make(chan error, 1)
-		go func() {
-			l, err := c.call(context.Background()) // a ctx that never ends
-			if err == nil {
-				err = fmt.Errorf("obtained, fence %d", l.Fence())
-				_ = l.Unlock(context.Background())
-			}
-			done <- err
-		}()
-		var err error
-		select {
-		case err = <-done:
-		case <-time.After(15 * time.Second):
-			// The deferred Close ends the call; the next case needs no lock.
-			t.Fatalf("%s %s: no answer in 15s: a refusal waited instead of failing", p.kind, c.what)
-		}
+		err := refusedWithin(t, 15*time.Second, c.call, p.kind+" "+c.what)
 		msg := err.Error()
 		if strings.HasPrefix(msg, "obtained") {
 			t.Errorf("%s %s: %s by a user the server refuses", p.kind, c.what, msg)
@@ -330,21 +315,7 @@ func TestACLMissingPieceQuorum(t *testing.T) {
 			"TryLock": q.Mutex("q-acl").TryLock,
 			"Lock":    q.Mutex("q-acl").Lock,
 		} {
-			done := make(chan error, 1)
-			go func() {
-				l, err := call(context.Background())
-				if err == nil {
-					err = fmt.Errorf("obtained, fence %d", l.Fence())
-					_ = l.Unlock(context.Background())
-				}
-				done <- err
-			}()
-			var err error
-			select {
-			case err = <-done:
-			case <-time.After(30 * time.Second):
-				t.Fatalf("quorum %s: no answer in 30s: a refusal waited instead of failing", what)
-			}
+			err := refusedWithin(t, 30*time.Second, call, "quorum "+what)
 			for _, w := range []string{`lock "q-acl"`, "NOPERM", "'evalsha'"} {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("quorum %s: error %q does not say %q", what, err, w)
@@ -378,4 +349,28 @@ func TestACLMissingPieceQuorum(t *testing.T) {
 			t.Errorf("Unlock: %v", err)
 		}
 	})
+}
+
+// refusedWithin runs lock with a ctx that never ends and returns its
+// error, or one that starts with "obtained" if it got the lock (released
+// at once); it fails the test if no answer comes within d (a refusal that
+// waited instead of failing; the caller's deferred Close ends the call).
+func refusedWithin(t *testing.T, d time.Duration, lock func(context.Context) (*dlock.Lease, error), what string) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		l, err := lock(context.Background())
+		if err == nil {
+			err = fmt.Errorf("obtained, fence %d", l.Fence())
+			_ = l.Unlock(context.Background())
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		t.Fatalf("%s: no answer in %v: a refusal waited instead of failing", what, d)
+		return nil
+	}
 }

@@ -264,14 +264,7 @@ func TestObserveContended(t *testing.T) {
 		t.Fatalf("TryLock spans %v: want one, outcome not_obtained, status unset", tries)
 	}
 
-	got := make(chan error, 1)
-	go func() {
-		l, err := c.Mutex("obs/held").Lock(ctx)
-		if err == nil {
-			err = l.Unlock(ctx)
-		}
-		got <- err
-	}()
+	got := lockThenUnlock(ctx, c.Mutex("obs/held"))
 	o.waitValue(ctx, "dlock.waiters", 1, aMutex, aDefault)
 	o.want("dlock.contentions", 2)
 	if err := holder.Unlock(ctx); err != nil {
@@ -706,14 +699,7 @@ func TestObserveQuorum(t *testing.T) {
 	if _, err := a.Mutex("obs/q").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
 		t.Fatalf("quorum TryLock on a held lock: %v", err)
 	}
-	got := make(chan error, 1)
-	go func() {
-		l, err := a.Mutex("obs/q").Lock(ctx)
-		if err == nil {
-			err = l.Unlock(ctx)
-		}
-		got <- err
-	}()
+	got := lockThenUnlock(ctx, a.Mutex("obs/q"))
 	q := attribute.String("dlock.mode", "quorum")
 	o.waitValue(ctx, "dlock.waiters", 1, q)
 	if err := held.Unlock(ctx); err != nil {
@@ -882,4 +868,18 @@ func TestObserveHandOverFoundByLook(t *testing.T) {
 			t.Skip("every hand-over's message was heard: the look path was not reached")
 		}
 	}
+}
+
+// lockThenUnlock Locks m on a goroutine and Unlocks once it holds; the
+// channel gets the first error, or nil.
+func lockThenUnlock(ctx context.Context, m *dlock.Mutex) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		l, err := m.Lock(ctx)
+		if err == nil {
+			err = l.Unlock(ctx)
+		}
+		got <- err
+	}()
+	return got
 }
