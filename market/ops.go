@@ -56,8 +56,10 @@ type trader struct {
 	unlockFailures int64 // releases that found the lock no longer theirs
 	lockErr        error // the first Locker or unlock error, for the report
 	// held is the time this worker held a lock before the deadline: from
-	// obtaining it to starting its release.
-	held time.Duration
+	// obtaining it to starting its release; sections counts those holdings
+	// (the ones that began before the deadline).
+	held     time.Duration
+	sections int64
 }
 
 func (t *trader) stopped() bool { return t.stop.Err() != nil }
@@ -71,6 +73,7 @@ func (t *trader) holdEnds(since time.Time) {
 	}
 	if end.After(since) {
 		t.held += end.Sub(since)
+		t.sections++
 	}
 }
 

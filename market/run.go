@@ -212,7 +212,8 @@ func runCell(ctx context.Context, cfg Config, admin redis.UniversalClient, load 
 		done.Wait()
 		return r, fmt.Errorf("connecting a worker: %w", err)
 	}
-	before, err := commandCounts(ctx, admin)
+	before, err := readServerStats(ctx, admin)
+	cpu0, cpuOK := processCPU()
 	if err != nil {
 		cancelCell()
 		close(startGate)
@@ -256,11 +257,20 @@ wait:
 	if err := firstErr(logs); err != nil {
 		return r, err
 	}
-	after, err := commandCounts(ctx, admin)
+	cpu1, _ := processCPU()
+	after, err := readServerStats(ctx, admin)
 	if err != nil {
 		return r, fmt.Errorf("INFO: %w", err)
 	}
-	r.CommandCalls, r.Commands = diffCounts(before, after)
+	r.CommandCalls, r.Commands = diffCounts(before.calls, after.calls)
+	r.CommandUsec = diffUsec(before.usec, after.usec)
+	if after.reads > before.reads {
+		r.RoundTrips = after.reads - before.reads - 1 // less the INFO that read "before"
+	}
+	r.RedisCPU = after.cpu - before.cpu
+	if cpuOK {
+		r.ClientCPU = cpu1 - cpu0
+	}
 	r.OpsPerSec = float64(r.Commands) / r.Elapsed.Seconds()
 
 	aggregate(&r, logs, load)
@@ -306,6 +316,8 @@ func aggregate(r *Result, logs []workerLog, load Load) {
 		r.LockFailures += w.t.lockFailures
 		r.UnlockFailures += w.t.unlockFailures
 		r.LockHeld += w.t.held
+		r.LockSections += w.t.sections
+		r.ListCalls += w.listCalls
 		if w.t.lockErr != nil && !slices.Contains(r.Notes, w.t.lockErr.Error()) && len(r.Notes) < 5 {
 			r.Notes = append(r.Notes, w.t.lockErr.Error())
 		}
