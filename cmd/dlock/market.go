@@ -257,7 +257,14 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 
 	if newLocker != nil {
-		lockRDB := newClient(0) // go-redis's default pool size
+		// go-redis's default pool size, and ContextTimeoutEnabled as the
+		// README advises: go-redis then bounds each call by its ctx, so
+		// dlock need not run every lock and unlock call with a
+		// cancelable ctx on a helper goroutine (a goroutine hop each:
+		// docs/MARKET.md, "Where the time goes").
+		lo := *opts
+		lo.PoolSize, lo.ContextTimeoutEnabled = 0, true
+		lockRDB := redis.NewClient(&lo)
 		locker, closeLocker := newLocker(lockRDB)
 		defer lockRDB.Close()
 		defer closeLocker()
