@@ -120,6 +120,11 @@ func TestConservationEveryVariant(t *testing.T) {
 			t.Errorf("%s %s: %d critical sections for %d listings and %d purchases", r.Load, r.Variant, r.LockSections, r.Listed, r.Bought)
 		case spec.lock == lockNone && r.LockSections != 0:
 			t.Errorf("%s %s: %d critical sections without locking", r.Load, r.Variant, r.LockSections)
+		case spec.lock != lockNone && !spec.fine && (r.CeilingShare <= 0 || r.CeilingShare > 1.0001):
+			// One lock: its sections back to back fill at most the row.
+			t.Errorf("%s %s: %.3f of the one lock's ceiling", r.Load, r.Variant, r.CeilingShare)
+		case spec.fine && r.CeilingShare != 0:
+			t.Errorf("%s %s: a ceiling share %.3f for locks that run side by side", r.Load, r.Variant, r.CeilingShare)
 		case spec.lock != lockNone && !spec.fine && r.LockHeld > r.Duration:
 			t.Errorf("%s %s: the one lock was held %v in a %v row", r.Load, r.Variant, r.LockHeld, r.Duration)
 		}

@@ -47,8 +47,17 @@ type Result struct {
 	// holder to the next is held nearly all of Duration.
 	LockHeld time.Duration `json:"lock_held_ns"`
 	// LockSections is the number of critical sections (lock holdings)
-	// LockHeld sums: LockHeld ÷ LockSections is the mean time one takes.
+	// LockHeld sums, listings' and purchases' alike.
 	LockSections int64 `json:"lock_sections"`
+	// CriticalSection is the mean time one critical section took, measured
+	// inside the lock (LockHeld ÷ LockSections; 0 for rows without a lock).
+	CriticalSection time.Duration `json:"critical_section_ns"`
+	// CeilingShare is, for a coarse row (one lock for the whole market),
+	// the critical sections it ran per second as a share of the most one
+	// lock allows: sections back to back, 1 ÷ CriticalSection per second.
+	// 1 means no time at all between one holder's release and the next
+	// holder's start. 0 for the other rows.
+	CeilingShare float64 `json:"ceiling_share"`
 	// UnlockFailures counts releases that found the lock no longer held by
 	// the releaser; any is a failed check.
 	UnlockFailures int64 `json:"unlock_failures"`

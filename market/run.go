@@ -328,10 +328,24 @@ func aggregate(r *Result, logs []workerLog, load Load) {
 		okLat = append(okLat, w.okLat...)
 		allLat = append(allLat, w.allLat...)
 	}
+	ceiling(r)
 	r.Success = summarize(okLat)
 	r.All = summarize(allLat)
 	if r.Bought > 0 {
 		r.BookWait = time.Duration(float64(load.Buyers) * float64(r.Duration) / float64(r.Bought))
+	}
+}
+
+// ceiling sets r's mean critical section from LockHeld and LockSections,
+// and for a coarse row the share of the most one lock allows that it ran.
+func ceiling(r *Result) {
+	if r.LockSections <= 0 {
+		return
+	}
+	r.CriticalSection = r.LockHeld / time.Duration(r.LockSections)
+	if spec := specFor(r.Variant); spec != nil && spec.lock != lockNone && !spec.fine && r.Duration > 0 && r.CriticalSection > 0 {
+		perSec := float64(r.LockSections) / r.Duration.Seconds()
+		r.CeilingShare = perSec / (1 / r.CriticalSection.Seconds())
 	}
 }
 
