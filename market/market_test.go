@@ -118,6 +118,10 @@ func TestConservationEveryVariant(t *testing.T) {
 			t.Errorf("%s %s: no time under the lock measured", r.Load, r.Variant)
 		case spec.lock != lockNone && r.LockSections < r.Listed+r.Bought:
 			t.Errorf("%s %s: %d critical sections for %d listings and %d purchases", r.Load, r.Variant, r.LockSections, r.Listed, r.Bought)
+		case spec.lock != lockNone && (r.AcquireMean <= 0 || r.ReleaseMean <= 0):
+			t.Errorf("%s %s: acquisitions took %v, releases %v", r.Load, r.Variant, r.AcquireMean, r.ReleaseMean)
+		case spec.lock == lockNone && r.AcquireMean+r.ReleaseMean != 0:
+			t.Errorf("%s %s: lock acquisitions measured without locking", r.Load, r.Variant)
 		case spec.lock == lockNone && r.LockSections != 0:
 			t.Errorf("%s %s: %d critical sections without locking", r.Load, r.Variant, r.LockSections)
 		case spec.lock != lockNone && !spec.fine && (r.CeilingShare <= 0 || r.CeilingShare > 1.0001):

@@ -58,6 +58,11 @@ type Result struct {
 	// 1 means no time at all between one holder's release and the next
 	// holder's start. 0 for the other rows.
 	CeilingShare float64 `json:"ceiling_share"`
+	// AcquireMean is the mean wall time of a successful lock acquisition
+	// (waiting included), ReleaseMean that of a release: with
+	// CriticalSection, where a locked call's time goes. 0 without a lock.
+	AcquireMean time.Duration `json:"acquire_mean_ns"`
+	ReleaseMean time.Duration `json:"release_mean_ns"`
 	// UnlockFailures counts releases that found the lock no longer held by
 	// the releaser; any is a failed check.
 	UnlockFailures int64 `json:"unlock_failures"`

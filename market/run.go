@@ -294,6 +294,8 @@ wait:
 // aggregate sums the workers' logs into r.
 func aggregate(r *Result, logs []workerLog, load Load) {
 	var okLat, allLat []time.Duration
+	var acquiring, releasing time.Duration
+	var acquired int64
 	for i := range logs {
 		w := &logs[i]
 		r.Listed += w.listed
@@ -317,6 +319,9 @@ func aggregate(r *Result, logs []workerLog, load Load) {
 		r.UnlockFailures += w.t.unlockFailures
 		r.LockHeld += w.t.held
 		r.LockSections += w.t.sections
+		acquiring += w.t.acquiring
+		releasing += w.t.releasing
+		acquired += w.t.acquired
 		r.ListCalls += w.listCalls
 		if w.t.lockErr != nil && !slices.Contains(r.Notes, w.t.lockErr.Error()) && len(r.Notes) < 5 {
 			r.Notes = append(r.Notes, w.t.lockErr.Error())
@@ -329,6 +334,10 @@ func aggregate(r *Result, logs []workerLog, load Load) {
 		allLat = append(allLat, w.allLat...)
 	}
 	ceiling(r)
+	if acquired > 0 {
+		r.AcquireMean = acquiring / time.Duration(acquired)
+		r.ReleaseMean = releasing / time.Duration(acquired)
+	}
 	r.Success = summarize(okLat)
 	r.All = summarize(allLat)
 	if r.Bought > 0 {
