@@ -302,6 +302,8 @@ func (h *holding) release(ctx context.Context) error {
 	case wire.ReleaseFreed, wire.ReleaseAgain, wire.ReleaseHandedOver:
 		if code != wire.ReleaseHandedOver {
 			h.c.wakeLocal(h.lk.hash, h.fence) // our own head may take it at once
+		} else {
+			h.c.handedAway(h.lk.hash) // our head beside us was not in line: it looks again
 		}
 		h.settle(released, nil)
 		return nil
