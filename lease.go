@@ -196,6 +196,14 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	}
 	h.expired(time.Now())
 	h.giveUp()
+	if h.recordInFlight() {
+		// Passed to us and not yet recorded: pass it on now rather than
+		// after our record (the next holder's critical section would wait
+		// for that round trip); the new pass's record follows ours.
+		if p := h.c.passOn(h, true); p != nil {
+			return h.awaitPass(ctx, p)
+		}
+	}
 	if err := h.beginOp(ctx); err != nil {
 		h.finishLater()
 		return nameErr(h.lk.name, fmt.Errorf("release: waiting for another call on this lease: %w (released in the background)", err))
@@ -208,6 +216,14 @@ func (l *Lease) Unlock(ctx context.Context) error {
 		}
 	}
 	return err
+}
+
+// recordInFlight reports whether h is ending with the record of the pass
+// that made it still in flight (it holds h's request slot).
+func (h *holding) recordInFlight() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.st == ending && h.inRecord && h.relSent.IsZero() && h.pass == nil
 }
 
 // countOut takes the lease out of its holding's count. inner: other leases
@@ -243,7 +259,7 @@ func (h *holding) finish(ctx context.Context) error {
 	switch st {
 	case ending:
 		if !tried {
-			if p := h.c.passOn(h); p != nil {
+			if p := h.c.passOn(h, false); p != nil {
 				return h.awaitPass(ctx, p)
 			}
 		}

@@ -93,19 +93,16 @@ func (lk *lock) beside(ctx context.Context, h *holding, lc *local, w *waiter) (l
 	defer c.leaveBeside(w)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	first, behind := c.asleepBehind(lc, w)
 	for {
-		r, err := lk.attempt(ctx, h, true)
-		switch {
-		case err == nil && r.ok:
-			l, err := lk.obtained(ctx, h, r, lc)
-			return l, err, true
-		case err != nil && (ctx.Err() != nil || permanent(err)):
-			return nil, lk.quit(ctx, h, w, err), true
-		case err != nil || !c.fences.ours(lk.hash, r.fence):
-			return nil, nil, false // the line's loop retries with the same token
+		if behind {
+			// The waiter before us holds the lock in a turn that includes
+			// us: no look needed to wait for its pass or release.
+			behind = false
+			timer.Reset(max(first, time.Millisecond))
+		} else if l, err, done, asleep := lk.besideLook(ctx, h, lc, w, timer); !asleep {
+			return l, err, done
 		}
-		c.asleep(lc, w, r.fence)
-		timer.Reset(max(min(r.left, fairLiveness/3), time.Millisecond))
 		var m mail
 		select {
 		case m = <-w.box:
@@ -134,6 +131,26 @@ func (lk *lock) beside(ctx context.Context, h *holding, lc *local, w *waiter) (l
 			}
 		}
 	}
+}
+
+// besideLook is one look of a waiter beside a holder of ours: asleep, it
+// found the lock held by such a holder and is set to sleep (timer reset);
+// otherwise beside returns (l, err, done).
+func (lk *lock) besideLook(ctx context.Context, h *holding, lc *local, w *waiter, timer *time.Timer) (l *Lease, err error, done, asleep bool) {
+	c := lk.c
+	r, err := lk.attempt(ctx, h, true)
+	switch {
+	case err == nil && r.ok:
+		l, err := lk.obtained(ctx, h, r, lc)
+		return l, err, true, false
+	case err != nil && (ctx.Err() != nil || permanent(err)):
+		return nil, lk.quit(ctx, h, w, err), true, false
+	case err != nil || !c.fences.ours(lk.hash, r.fence):
+		return nil, nil, false, false // the line's loop retries with the same token
+	}
+	c.asleep(lc, w, r.fence)
+	timer.Reset(max(min(r.left, fairLiveness/3), time.Millisecond))
+	return nil, nil, false, true
 }
 
 func drain(ch chan struct{}) {

@@ -37,6 +37,7 @@ type pass struct {
 	fence    uint64    // from.fence + 1
 	deadline time.Time // the passer's: the lock is its token's until the record lands
 	turnEnd  uint64
+	ahead    bool          // made before from's own record landed: this record waits for it
 	done     chan struct{} // closed once both holdings are settled
 }
 
@@ -50,9 +51,21 @@ func (c *Client) record(p *pass) {
 	defer cancel()
 	keys := from.lk.scriptKeys()
 	backoff := time.Millisecond
+	var slot error // ahead: waiting for from's record failed (ctx ended)
+	if p.ahead {
+		// from's record holds its slot: ours goes once it has landed (or
+		// failed, when this one finds the lock not from's), never before.
+		if slot = from.beginOp(ctx); slot == nil {
+			defer from.endOp()
+		}
+	}
 	for {
 		sent := time.Now()
-		v, err := c.eval(ctx, call{passScript, keys, []any{from.token, from.fenceStr, to.token, to.fenceStr, to.lk.ttlArg}})
+		var v any
+		err := slot
+		if err == nil {
+			v, err = c.eval(ctx, call{passScript, keys, []any{from.token, from.fenceStr, to.token, to.fenceStr, to.lk.ttlArg}})
+		}
 		switch {
 		case err == nil && v == int64(wire.PassRecorded):
 			c.noteFence(to, p.fence, sent) // a grant at Redis, as far as fences go

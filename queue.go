@@ -20,6 +20,7 @@ type local struct {
 	queue      []*waiter          // default mode, in arrival order: only the head waits at Redis
 	line       []*waiter          // waiters that releases wake: in the line at Redis, or beside
 	users      int                // waiters registered
+	heldBy     *holding           // the last of its waiters that obtained the lock
 }
 
 // A waiter is one Lock call that waits. Its fields are guarded by Client.mu,
@@ -103,6 +104,9 @@ func (c *Client) leave(lc *local, w *waiter) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	w.asleep = false
+	if w.h.live() {
+		lc.heldBy = w.h // it obtained the lock: the next head may sleep behind it
+	}
 	if c.byToken[w.h.token] == w {
 		delete(c.byToken, w.h.token)
 	}
@@ -143,8 +147,45 @@ func remove(ws []*waiter, w *waiter) []*waiter {
 func (c *Client) goBeside(lc *local, w *waiter) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	w.beside = !lc.subscribed
+	w.beside = !lc.subscribed || c.behindLocked(lc, w)
 	return w.beside
+}
+
+// behindLocked reports whether the waiter before w obtained the lock and
+// still holds it (pending or held) in a turn that includes w: it will pass
+// the lock to w, or release it and wake w. Called with c.mu held.
+func (c *Client) behindLocked(lc *local, w *waiter) bool {
+	hb := lc.heldBy
+	if hb == nil {
+		return false
+	}
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.st.live() && hb.turnEnd >= w.seq
+}
+
+// asleepBehind puts w, a new head, to sleep at once, without a look, if the
+// waiter before it obtained the lock and still holds it (pending or held)
+// in a turn that includes w: that holding passes the lock to w when it
+// unlocks, or releases it and wakes w. It returns how long w may sleep
+// before it looks anyway: the holding's remaining validity, at most a third
+// of the liveness (a holding lost unnoticed tells w nothing).
+func (c *Client) asleepBehind(lc *local, w *waiter) (time.Duration, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hb := lc.heldBy
+	if hb == nil || !w.beside || len(lc.queue) == 0 || lc.queue[0] != w || len(w.box) != 0 {
+		return 0, false
+	}
+	hb.mu.Lock()
+	ok := hb.st.live() && hb.turnEnd >= w.seq
+	left, fence := time.Until(hb.deadline), hb.fence
+	hb.mu.Unlock()
+	if !ok || left <= 0 {
+		return 0, false
+	}
+	w.seen, w.asleep = fence, true
+	return min(left, fairLiveness/3), true
 }
 
 // leaveBeside ends w's wait beside a holder of ours.
@@ -191,8 +232,10 @@ func (c *Client) turnFrom(lc *local) uint64 {
 // it, if that waiter is asleep in line and was queued before h's turn
 // ended. It returns nil if there is no such waiter; otherwise the waiter's
 // holding is pending, its Lock returns at once, and the pass is recorded at
-// Redis in the background (see pass.go).
-func (c *Client) passOn(h *holding) *pass {
+// Redis in the background (see pass.go). ahead: h is itself pending, its
+// record in flight, and its request slot not ours: the new record waits for
+// that slot, so records still land one at a time and in order.
+func (c *Client) passOn(h *holding, ahead bool) *pass {
 	if h.lk.fair || h.turnEnd == 0 {
 		return nil // Fair, semaphore and RWMutex holders keep the line's order
 	}
@@ -212,11 +255,14 @@ func (c *Client) passOn(h *holding) *pass {
 	if lc == nil || len(lc.queue) == 0 || c.closed.Load() {
 		return nil
 	}
+	if ahead && !h.recordInFlight() {
+		return nil // passed on by a concurrent Unlock, or the record landed: finish decides
+	}
 	w := lc.queue[0]
 	if !w.asleep || w.seq > h.turnEnd || len(w.box) != 0 {
 		return nil
 	}
-	p := &pass{from: h, to: w.h, fence: h.fence + 1, deadline: deadline, turnEnd: h.turnEnd, done: make(chan struct{})}
+	p := &pass{from: h, to: w.h, fence: h.fence + 1, deadline: deadline, turnEnd: h.turnEnd, ahead: ahead, done: make(chan struct{})}
 	w.h.passedIn(p, now)
 	h.startPass(p)
 	// Start the record before waking the waiter: the goroutine made
