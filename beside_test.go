@@ -2,6 +2,7 @@ package dlock_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faults"
 	"github.com/dlock-go/dlock/internal/redistest"
 )
 
@@ -132,4 +134,89 @@ func TestBesideHandedAway(t *testing.T) {
 		t.Fatalf("fence %d after %d", la.Fence(), lb.Fence())
 	}
 	_ = la.Unlock(ctx)
+}
+
+// TestPassAheadOfRecord: a lease passed to its holder, whose Unlock comes
+// while that pass's record is still on its way to Redis, passes the lock on
+// at once (the next holder does not wait for the round trip), and the
+// second record follows the first: the lock at Redis still names the first
+// holder when the third gets it, fences go up by one each, and every lease
+// is recorded in the end. If the first record finds the lock lost, both
+// passed leases are lost.
+func TestPassAheadOfRecord(t *testing.T) {
+	s := redistest.Start(t)
+	plain, _ := newClient(t, s)
+	c, _ := faultyClient(t, s, faults.Rule{Script: "pass", Kind: faults.DelaySend, P: 1, Min: 150 * time.Millisecond, Max: 150 * time.Millisecond})
+	rdb := s.Client(t)
+	ctx := ctxT(t, 30*time.Second)
+	for _, lose := range []bool{false, true} {
+		name := "ahead-" + strconv.FormatBool(lose)
+		key := "dlock:{" + name + "}"
+		first, err := plain.Mutex(name).Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Three waiters on c: the first is handed the lock through Redis,
+		// and its turn covers the two others.
+		got := make(chan *dlock.Lease, 3)
+		lock := func() {
+			l, err := c.Mutex(name).Lock(ctx)
+			if err != nil && !lose {
+				t.Error(err)
+			}
+			got <- l
+		}
+		go lock()
+		waitLine(t, ctx, rdb, key, 1)
+		go lock()
+		go lock()
+		waitFor(t, ctx, "three waiters queued", func() bool { n, _ := dlock.QueuedLocally(c, name); return n == 3 })
+		if err := first.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		a := <-got
+		waitFor(t, ctx, "the second waiter asleep", func() bool { _, asleep := dlock.QueuedLocally(c, name); return asleep })
+		go func() { _ = a.Unlock(ctx) }() // passes to the second; its record is delayed
+		b := <-got
+		if !dlock.Pending(b) {
+			t.Fatal("the second lease is not pending right after the pass")
+		}
+		waitFor(t, ctx, "the third waiter asleep", func() bool { _, asleep := dlock.QueuedLocally(c, name); return asleep })
+		if lose {
+			if err := rdb.Del(ctx, key).Err(); err != nil { // before the first record lands
+				t.Fatal(err)
+			}
+		}
+		bDone := make(chan error, 1)
+		go func() { bDone <- b.Unlock(ctx) }()
+		cl := <-got
+		if o := owner(ctx, rdb, name); !lose && o != a.Token() {
+			t.Fatalf("the third lease started after the first record landed (owner %q): it waited for it", o)
+		}
+		if cl.Fence() != b.Fence()+1 || b.Fence() != a.Fence()+1 {
+			t.Fatalf("fences %d, %d, %d: want one more each", a.Fence(), b.Fence(), cl.Fence())
+		}
+		err = <-bDone
+		if lose {
+			if !errors.Is(err, dlock.ErrLockLost) {
+				t.Fatalf("the second lease's Unlock after the first record found the lock lost: %v, want ErrLockLost", err)
+			}
+			<-cl.Context().Done()
+			if !errors.Is(context.Cause(cl.Context()), dlock.ErrLockLost) {
+				t.Fatalf("the third lease ended with %v, want ErrLockLost", context.Cause(cl.Context()))
+			}
+			_ = cl.Unlock(ctx)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, ctx, "the third lease recorded", func() bool { return !dlock.Pending(cl) })
+		if o := owner(ctx, rdb, name); o != cl.Token() {
+			t.Fatalf("owner %q after both records, want the third lease's", o)
+		}
+		if err := cl.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
