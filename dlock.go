@@ -60,10 +60,12 @@
 //     that queue contends at Redis, where it takes a place in the lock's line;
 //     Unlock hands the lock straight to the first live waiter in that line and
 //     tells its Client alone, or, with nobody in line, publishes on the lock's
-//     pub/sub channel (sharded where the server has it, see New). Every wait
-//     is bounded by the holder's remaining TTL, so a missed message or a
-//     crashed holder costs at most that TTL. Lock waits until its ctx ends;
-//     there is no retry limit.
+//     pub/sub channel (sharded where the server has it, see New). A head
+//     whose look finds the lock held by a lease of its own Client neither
+//     subscribes nor takes a place in line: that lease's Unlock wakes it
+//     directly. Every wait is bounded by the holder's remaining TTL, so a
+//     missed message or a crashed holder costs at most that TTL. Lock waits
+//     until its ctx ends; there is no retry limit.
 //   - In default mode a Client also passes the lock among its own waiters
 //     without a round trip before the next holder starts: the lock stays the
 //     passing lease's at Redis until the pass is recorded (the new lease lives
@@ -156,7 +158,8 @@ type Client struct {
 	seq     uint64             // default-mode waiters ever queued: the last one's arrival number
 	heard   uint64             // hand-over messages delivered to a waiting waiter (for tests)
 
-	gaps atomic.Uint64 // subscriptions the hub re-established after a fault (for tests)
+	gaps        atomic.Uint64 // subscriptions the hub re-established after a fault (for tests)
+	besideWoken atomic.Uint64 // waiters beside a holder of ours woken to look again (for tests)
 
 	q      *quorum // quorum mode (NewQuorum): the masters; drv and hub are nil
 	parent *Client // a quorum master's Client: the quorum Client its wake-ups go to

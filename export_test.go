@@ -45,6 +45,11 @@ func HandOversHeard(c *Client) uint64 {
 // its waiters told to look again: tests wait for it after a fault.
 func SubscriptionsRepaired(c *Client) uint64 { return c.gaps.Load() }
 
+// BesideWoken returns how many times a waiter of c that waited beside a
+// holder of c (unsubscribed, not in line at Redis) was woken to look again
+// by that holder's release, rather than by its own timer.
+func BesideWoken(c *Client) uint64 { return c.besideWoken.Load() }
+
 // Pending reports whether l was passed to its holder by another lease of
 // its Client and the pass is not yet recorded at Redis: Redis may still name
 // the passer's token. A lease is pending only from its grant until its

@@ -50,6 +50,19 @@ func (m *fenceMemo) note(key string, fence uint64, sent time.Time) (prev uint64,
 	return prev, regressed
 }
 
+// ours reports whether fence is the last one this Client was granted (or
+// passed) for key, as far as the table remembers: the holder a look found
+// with that fence is then a holding of this Client (fences are unique per
+// grant). False when it does not remember: the caller assumes another
+// Client's.
+func (m *fenceMemo) ours(key string, fence uint64) bool {
+	h := maphash.String(m.seed, key) | 1
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := &m.slots[h%fenceSlots]
+	return s.name == h && s.fence == fence
+}
+
 // noteFence checks a grant of h's lock with fence, made by a request sent
 // at sent, against the fences this Client saw for the name before.
 func (c *Client) noteFence(h *holding, fence uint64, sent time.Time) {

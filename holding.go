@@ -75,6 +75,7 @@ type holding struct {
 	cause    error         // why it ended, in a final state (nil: released or passed; released: a pass that was given back)
 	holds    int           // leases on it not yet unlocked
 	busy     bool          // a request about it is in flight
+	inRecord bool          // that request is the record of the pass that made it (pass.go)
 	idle     chan struct{} // closed when busy clears, if someone waits for that
 	pass     *pass         // passing: the pass Unlock made
 	relSent  time.Time     // when its first release was sent (zero: none yet)
@@ -128,7 +129,7 @@ func (h *holding) beginOp(ctx context.Context) error {
 
 func (h *holding) endOp() {
 	h.mu.Lock()
-	h.busy = false
+	h.busy, h.inRecord = false, false
 	if h.idle != nil {
 		close(h.idle)
 		h.idle = nil
@@ -161,7 +162,7 @@ func (h *holding) passedIn(p *pass, now time.Time) {
 	h.c.obs.held(h)
 	h.mu.Lock()
 	h.st = pending
-	h.busy = true
+	h.busy, h.inRecord = true, true
 	h.setFence(p.fence)
 	h.turnEnd = p.turnEnd
 	h.contended = true
@@ -253,7 +254,9 @@ func (h *holding) recorded(sent time.Time) bool {
 	if h.st == pending {
 		h.st = held
 	}
-	live := h.st == held || h.st == ending
+	// passing: it passed the lock on before this record landed; the record
+	// of that pass, next, settles it.
+	live := h.st == held || h.st == ending || h.st == passing
 	if live {
 		h.proveLocked(sent, h.ttl)
 	}
@@ -323,6 +326,13 @@ func (h *holding) closeDown() (release bool) {
 	st := h.st
 	h.mu.Unlock()
 	return h.end(closed, ErrClosed) && st == held
+}
+
+// live reports whether the holding is pending or held.
+func (h *holding) live() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.st.live()
 }
 
 // snapshot returns the state and why it ended.

@@ -197,6 +197,14 @@ func (l *Lease) Unlock(ctx context.Context) (result error) {
 	}
 	h.expired(time.Now())
 	h.giveUp()
+	if h.recordInFlight() {
+		// Passed to us and not yet recorded: pass it on now rather than
+		// after our record (the next holder's critical section would wait
+		// for that round trip); the new pass's record follows ours.
+		if p := h.c.passOn(h, true); p != nil {
+			return h.awaitPass(ctx, p)
+		}
+	}
 	if err := h.beginOp(ctx); err != nil {
 		h.finishLater()
 		return nameErr(h.lk.name, fmt.Errorf("release: waiting for another call on this lease: %w (released in the background)", err))
@@ -209,6 +217,14 @@ func (l *Lease) Unlock(ctx context.Context) (result error) {
 		}
 	}
 	return err
+}
+
+// recordInFlight reports whether h is ending with the record of the pass
+// that made it still in flight (it holds h's request slot).
+func (h *holding) recordInFlight() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.st == ending && h.inRecord && h.relSent.IsZero() && h.pass == nil
 }
 
 // countOut takes the lease out of its holding's count. inner: other leases
@@ -244,7 +260,7 @@ func (h *holding) finish(ctx context.Context) error {
 	switch st {
 	case ending:
 		if !tried {
-			if p := h.c.passOn(h); p != nil {
+			if p := h.c.passOn(h, false); p != nil {
 				return h.awaitPass(ctx, p)
 			}
 		}
@@ -303,6 +319,8 @@ func (h *holding) release(ctx context.Context) error {
 	case wire.ReleaseFreed, wire.ReleaseAgain, wire.ReleaseHandedOver:
 		if code != wire.ReleaseHandedOver {
 			h.c.wakeLocal(h.lk.hash, h.fence) // our own head may take it at once
+		} else {
+			h.c.handedAway(h.lk.hash) // our head beside us was not in line: it looks again
 		}
 		h.settle(released, nil)
 		return nil

@@ -25,7 +25,10 @@ const subscribeWait = time.Second
 // order and only the head waits in the line at Redis: the lock goes round
 // the Clients in turn, and each serves its own waiters in order. Fair,
 // semaphore and RWMutex waiters all wait in the line themselves.
-func (lk *lock) wait(ctx context.Context, h *holding) (*Lease, error) {
+//
+// holder is the fence of the holder that the caller's look found, if it
+// looked (0: it did not).
+func (lk *lock) wait(ctx context.Context, h *holding, holder uint64) (*Lease, error) {
 	c := lk.c
 	defer c.obs.waiting(ctx, lk).done()
 	lc, w := c.join(lk, h)
@@ -39,17 +42,123 @@ func (lk *lock) wait(ctx context.Context, h *holding) (*Lease, error) {
 			return nil, nameErr(lk.name, ErrClosed)
 		}
 	}
+	if !lk.fair {
+		c.enterLine(lc, w) // before the first look: a release after it wakes us
+		// Beside only a holder of ours (the first look's, if any), and not
+		// when the channels are wanted anyway: another Client's holder
+		// was seen lately, and the line serves as well.
+		ours := holder == 0 || c.fences.ours(lk.hash, holder)
+		if ours && c.goBeside(lc, w) {
+			if l, err, done := lk.beside(ctx, h, lc, w); done {
+				return l, err
+			}
+		}
+	}
 	// The subscriptions must be live before we take a place, or a
 	// hand-over (or release) between our look and the subscription would
 	// go unheard until our next refresh. If they cannot be confirmed soon
 	// we go on: the refreshes bound the wait.
+	c.subscribe(lc)
 	subscribed, err := lk.awaitSubscribed(ctx, lc)
 	if err != nil {
 		return nil, err
 	}
 	lk.proto.joinLine(h)
-	c.enterLine(lc, w)
+	if lk.fair {
+		c.enterLine(lc, w)
+	} else {
+		// A wake-up for the looks beside: the look inLine starts with
+		// covers whatever it said.
+		drain(w.look)
+	}
 	return lk.inLine(ctx, h, lc, w, subscribed)
+}
+
+// beside is a default-mode head's wait while the lock is held by a holding
+// of this Client (the look's holder fence is one this Client was granted):
+// it sleeps without a subscription and without a place in the line at
+// Redis, since that holding tells it all it would hear. Its Unlock passes
+// the lock to it (as to a head in line), or releases it and wakes it
+// (wakeLocal), or hands it to a waiter in the line at Redis and tells it to
+// look again (handedAway). A holder lost without unlocking tells it
+// nothing: it looks again within the holder's remaining TTL and at least
+// every third of the liveness, as a waiter in line refreshes its place. It
+// was registered (enterLine) before its first look here, so a release that
+// follows a look wakes it.
+//
+// It reports done=false, leaving its wakeups behind, once a look finds
+// the lock held by another Client's holding (or fails with an outcome that
+// the line's loop retries): the caller then waits subscribed and in line.
+func (lk *lock) beside(ctx context.Context, h *holding, lc *local, w *waiter) (l *Lease, err error, done bool) {
+	c := lk.c
+	defer c.leaveBeside(w)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	first, behind := c.asleepBehind(lc, w)
+	for {
+		if behind {
+			// The waiter before us holds the lock in a turn that includes
+			// us: no look needed to wait for its pass or release.
+			behind = false
+			timer.Reset(max(first, time.Millisecond))
+		} else if l, err, done, asleep := lk.besideLook(ctx, h, lc, w, timer); !asleep {
+			return l, err, done
+		}
+		var m mail
+		select {
+		case m = <-w.box:
+		case <-w.look:
+			c.besideWoken.Add(1)
+		case <-timer.C:
+		case <-ctx.Done():
+			return nil, lk.quit(ctx, h, w, ctx.Err()), true
+		case <-c.bg.Done():
+			return nil, lk.quit(ctx, h, w, ErrClosed), true
+		}
+		if m == (mail{}) {
+			m = c.awake(w)
+		} else {
+			c.awake(w)
+		}
+		if m.pass != nil {
+			l, err := lk.passedTo(ctx, h)
+			return l, err, true
+		}
+		// No hand-over can come (no place in line): look again.
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// besideLook is one look of a waiter beside a holder of ours: asleep, it
+// found the lock held by such a holder and is set to sleep (timer reset);
+// otherwise beside returns (l, err, done).
+func (lk *lock) besideLook(ctx context.Context, h *holding, lc *local, w *waiter, timer *time.Timer) (l *Lease, err error, done, asleep bool) {
+	c := lk.c
+	r, err := lk.attempt(ctx, h, true)
+	switch {
+	case err == nil && r.ok:
+		l, err := lk.obtained(ctx, h, r, lc)
+		return l, err, true, false
+	case err != nil && (ctx.Err() != nil || permanent(err)):
+		return nil, lk.quit(ctx, h, w, err), true, false
+	case err != nil || !c.fences.ours(lk.hash, r.fence):
+		return nil, nil, false, false // the line's loop retries with the same token
+	}
+	c.asleep(lc, w, r.fence)
+	timer.Reset(max(min(r.left, fairLiveness/3), time.Millisecond))
+	return nil, nil, false, true
+}
+
+func drain(ch chan struct{}) {
+	select {
+	case <-ch:
+	default:
+	}
 }
 
 // awaitSubscribed waits until both channels of lc are subscribed, for at

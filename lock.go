@@ -150,20 +150,21 @@ func (lk *lock) try(ctx context.Context, n int64) (*Lease, error) {
 }
 
 // firstLook is a Lock's attempt before it waits, without a place in line.
-// done: Lock returns (l, err); otherwise it goes on to wait.
-func (lk *lock) firstLook(ctx context.Context, h *holding) (l *Lease, err error, done bool) {
+// done: Lock returns (l, err); otherwise it goes on to wait for the holder
+// with fence holder.
+func (lk *lock) firstLook(ctx context.Context, h *holding) (l *Lease, err error, done bool, holder uint64) {
 	backoff := time.Millisecond
 	for {
 		r, err := lk.attempt(ctx, h, false)
 		switch {
 		case err == nil && r.ok:
 			l, err = lk.obtained(ctx, h, r, nil)
-			return l, err, true
+			return l, err, true, 0
 		case err == nil:
-			return nil, nil, false // held: wait for it
+			return nil, nil, false, r.fence // held: wait for it
 		case ctx.Err() != nil || permanent(err):
 			lk.abandon(ctx, h.token, err)
-			return nil, lk.fail(ctx, err), true
+			return nil, lk.fail(ctx, err), true, 0
 		}
 		// The outcome is unknown: the lock may be ours. Ask again with the
 		// same token before waiting, or this Client's own next waiter

@@ -66,12 +66,13 @@ func (m *Mutex) Lock(ctx context.Context) (l *Lease, err error) {
 	h := lk.newHolding(ctx, 0)
 	if !lk.fair && lk.c.queued(lk.hash) {
 		// Others of ours wait already: queue behind them.
-		return lk.wait(ctx, h)
+		return lk.wait(ctx, h, 0)
 	}
-	if l, err, done := lk.firstLook(ctx, h); done {
+	l, err, done, holder := lk.firstLook(ctx, h)
+	if done {
 		return l, err
 	}
-	return lk.wait(ctx, h)
+	return lk.wait(ctx, h, holder)
 }
 
 // Do locks, runs fn with the lease's context (which ends if the lease is

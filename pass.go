@@ -19,7 +19,9 @@ import (
 //     deadline, and no later than its own TTL after the record was first
 //     sent (the record, if it ran, set that expiry). Its Unlock, Extend
 //     and TTL wait for the record (the record holds its one request slot),
-//     so passes and releases of one lock are recorded one at a time.
+//     so passes and releases of one lock are recorded one at a time. Its
+//     Unlock may pass the lock on before (pass.ahead): that record then
+//     waits for the slot, so it is still sent after this one settles.
 //   - If the record finds the passer no longer owning the lock (its lease
 //     had been lost unnoticed), both leases are lost: the passer's Unlock
 //     and the new lease say so, and the new lease's place in line is left
@@ -37,6 +39,7 @@ type pass struct {
 	fence    uint64    // from.fence + 1
 	deadline time.Time // the passer's: the lock is its token's until the record lands
 	turnEnd  uint64
+	ahead    bool          // made before from's own record landed: this record waits for it
 	done     chan struct{} // closed once both holdings are settled
 }
 
@@ -50,11 +53,24 @@ func (c *Client) record(p *pass) {
 	defer cancel()
 	keys := from.lk.scriptKeys()
 	backoff := time.Millisecond
+	var slot error // ahead: waiting for from's record failed (ctx ended)
+	if p.ahead {
+		// from's record holds its slot: ours goes once it has landed (or
+		// failed, when this one finds the lock not from's), never before.
+		if slot = from.beginOp(ctx); slot == nil {
+			defer from.endOp()
+		}
+	}
 	for {
 		sent := time.Now()
-		v, err := c.eval(ctx, call{passScript, keys, []any{from.token, from.fenceStr, to.token, to.fenceStr, to.lk.ttlArg}})
+		var v any
+		err := slot
+		if err == nil {
+			v, err = c.eval(ctx, call{passScript, keys, []any{from.token, from.fenceStr, to.token, to.fenceStr, to.lk.ttlArg}})
+		}
 		switch {
 		case err == nil && v == int64(wire.PassRecorded):
+			c.noteFence(to, p.fence, sent) // a grant at Redis, as far as fences go
 			from.settle(passed, nil)
 			if !to.recorded(sent) {
 				// Lost or closed meanwhile: nobody else will release it.

@@ -8,15 +8,19 @@ import (
 )
 
 // local is this Client's books about one lock it waits for: its waiters,
-// and the two channels they need subscribed while any of them waits (the
-// lock's own, on which a release that frees it is published, and this
-// Client's hand-over channel for it). All fields are guarded by Client.mu.
+// and the two channels they need subscribed while one of them waits in the
+// line at Redis (the lock's own, on which a release that frees it is
+// published, and this Client's hand-over channel for it). A default-mode
+// waiter beside a holder of this Client needs neither (see lock.beside).
+// All fields are guarded by Client.mu.
 type local struct {
-	lk    *lock
-	ready [2]<-chan struct{} // closed once each channel is subscribed
-	queue []*waiter          // default mode, in arrival order: only the head waits at Redis
-	line  []*waiter          // waiters in the line at Redis
-	users int                // waiters registered
+	lk         *lock
+	subscribed bool               // the channels are wanted from the hub
+	ready      [2]<-chan struct{} // once subscribed: closed once each channel is
+	queue      []*waiter          // default mode, in arrival order: only the head waits at Redis
+	line       []*waiter          // waiters that releases wake: in the line at Redis, or beside
+	users      int                // waiters registered
+	heldBy     *holding           // the last of its waiters that obtained the lock
 }
 
 // A waiter is one Lock call that waits. Its fields are guarded by Client.mu,
@@ -29,6 +33,7 @@ type waiter struct {
 	look   chan struct{} // capacity 1: look at the lock again
 	seen   uint64        // the fence of the holder its last look found
 	asleep bool          // a default-mode head asleep in line: a holder of ours may pass to it
+	beside bool          // waiting beside a holder of ours, unsubscribed and not in line at Redis
 }
 
 // mail is what a waiter's box holds: a hand-over from Redis (fence), or a
@@ -58,8 +63,6 @@ func (c *Client) join(lk *lock, h *holding) (*local, *waiter) {
 	lc := c.locals[lk.hash]
 	if lc == nil {
 		lc = &local{lk: lk}
-		lc.ready[0] = c.hub.Want(lk.hash)
-		lc.ready[1] = c.hub.Want(lk.handover)
 		c.locals[lk.hash] = lc
 	}
 	lc.users++
@@ -75,8 +78,19 @@ func (c *Client) join(lk *lock, h *holding) (*local, *waiter) {
 	return lc, w
 }
 
-// enterLine records that w waits in the line at Redis: hand-overs to its
-// token reach it, and so do releases.
+// subscribe wants lc's channels from the hub, once for all its waiters.
+func (c *Client) subscribe(lc *local) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !lc.subscribed {
+		lc.subscribed = true
+		lc.ready[0] = c.hub.Want(lc.lk.hash)
+		lc.ready[1] = c.hub.Want(lc.lk.handover)
+	}
+}
+
+// enterLine records that w waits in the line at Redis (or beside a holder
+// of ours): hand-overs to its token reach it, and so do releases.
 func (c *Client) enterLine(lc *local, w *waiter) {
 	c.mu.Lock()
 	lc.line = append(lc.line, w)
@@ -90,6 +104,9 @@ func (c *Client) leave(lc *local, w *waiter) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	w.asleep = false
+	if w.h.live() {
+		lc.heldBy = w.h // it obtained the lock: the next head may sleep behind it
+	}
 	if c.byToken[w.h.token] == w {
 		delete(c.byToken, w.h.token)
 	}
@@ -105,8 +122,10 @@ func (c *Client) leave(lc *local, w *waiter) {
 	lc.users--
 	if lc.users == 0 {
 		delete(c.locals, lc.lk.hash)
-		c.hub.Unwant(lc.lk.hash)
-		c.hub.Unwant(lc.lk.handover)
+		if lc.subscribed {
+			c.hub.Unwant(lc.lk.hash)
+			c.hub.Unwant(lc.lk.handover)
+		}
 	}
 }
 
@@ -119,6 +138,61 @@ func remove(ws []*waiter, w *waiter) []*waiter {
 		}
 	}
 	return ws
+}
+
+// goBeside makes w wait beside a holder of ours (see lock.beside), unless
+// lc's channels are subscribed already: then waiting in line costs nothing
+// more. While w is beside, a release of ours that hands the lock to a
+// waiter in line wakes it (handedAway).
+func (c *Client) goBeside(lc *local, w *waiter) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w.beside = !lc.subscribed || c.behindLocked(lc, w)
+	return w.beside
+}
+
+// behindLocked reports whether the waiter before w obtained the lock and
+// still holds it (pending or held) in a turn that includes w: it will pass
+// the lock to w, or release it and wake w. Called with c.mu held.
+func (c *Client) behindLocked(lc *local, w *waiter) bool {
+	hb := lc.heldBy
+	if hb == nil {
+		return false
+	}
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.st.live() && hb.turnEnd >= w.seq
+}
+
+// asleepBehind puts w, a new head, to sleep at once, without a look, if the
+// waiter before it obtained the lock and still holds it (pending or held)
+// in a turn that includes w: that holding passes the lock to w when it
+// unlocks, or releases it and wakes w. It returns how long w may sleep
+// before it looks anyway: the holding's remaining validity, at most a third
+// of the liveness (a holding lost unnoticed tells w nothing).
+func (c *Client) asleepBehind(lc *local, w *waiter) (time.Duration, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hb := lc.heldBy
+	if hb == nil || !w.beside || len(lc.queue) == 0 || lc.queue[0] != w || len(w.box) != 0 {
+		return 0, false
+	}
+	hb.mu.Lock()
+	ok := hb.st.live() && hb.turnEnd >= w.seq
+	left, fence := time.Until(hb.deadline), hb.fence
+	hb.mu.Unlock()
+	if !ok || left <= 0 {
+		return 0, false
+	}
+	w.seen, w.asleep = fence, true
+	return min(left, fairLiveness/3), true
+}
+
+// leaveBeside ends w's wait beside a holder of ours.
+func (c *Client) leaveBeside(w *waiter) {
+	c.mu.Lock()
+	w.beside = false
+	c.mu.Unlock()
 }
 
 // asleep records that w's last look found the holder with fence seen, and
@@ -158,8 +232,10 @@ func (c *Client) turnFrom(lc *local) uint64 {
 // it, if that waiter is asleep in line and was queued before h's turn
 // ended. It returns nil if there is no such waiter; otherwise the waiter's
 // holding is pending, its Lock returns at once, and the pass is recorded at
-// Redis in the background (see pass.go).
-func (c *Client) passOn(h *holding) *pass {
+// Redis in the background (see pass.go). ahead: h is itself pending, its
+// record in flight, and its request slot not ours: the new record waits for
+// that slot, so records still land one at a time and in order.
+func (c *Client) passOn(h *holding, ahead bool) *pass {
 	if h.lk.fair || h.turnEnd == 0 {
 		return nil // Fair, semaphore and RWMutex holders keep the line's order
 	}
@@ -179,11 +255,14 @@ func (c *Client) passOn(h *holding) *pass {
 	if lc == nil || len(lc.queue) == 0 || c.closed.Load() {
 		return nil
 	}
+	if ahead && !h.recordInFlight() {
+		return nil // passed on by a concurrent Unlock, or the record landed: finish decides
+	}
 	w := lc.queue[0]
 	if !w.asleep || w.seq > h.turnEnd || len(w.box) != 0 {
 		return nil
 	}
-	p := &pass{from: h, to: w.h, fence: h.fence + 1, deadline: deadline, turnEnd: h.turnEnd, done: make(chan struct{})}
+	p := &pass{from: h, to: w.h, fence: h.fence + 1, deadline: deadline, turnEnd: h.turnEnd, ahead: ahead, done: make(chan struct{})}
 	w.h.passedIn(p, now)
 	h.startPass(p)
 	// Start the record before waking the waiter: the goroutine made
@@ -269,6 +348,23 @@ func (c *Client) released(key string, f uint64, known bool) {
 // wakeLocal tells this Client's waiters in line that a holding of ours
 // with fence f freed the lock, without waiting for the published message.
 func (c *Client) wakeLocal(key string, f uint64) { c.released(key, f, true) }
+
+// handedAway tells this Client's waiters beside a holder of ours that the
+// holder's release handed the lock to a waiter in the line at Redis (maybe
+// another Client's): they look again, and wait in line if it is not theirs.
+// Waiters in line need no telling: a hand-over to them is published on
+// their channel.
+func (c *Client) handedAway(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if lc := c.locals[key]; lc != nil {
+		for _, w := range lc.line {
+			if w.beside {
+				poke(w.look)
+			}
+		}
+	}
+}
 
 func poke(ch chan struct{}) {
 	select {

@@ -89,10 +89,11 @@ func (lk *lock) lock(ctx context.Context, n int64) (*Lease, error) {
 		return l, err
 	}
 	h := lk.newHolding(ctx, n)
-	if l, err, done := lk.firstLook(ctx, h); done {
+	l, err, done, holder := lk.firstLook(ctx, h)
+	if done {
 		return l, err
 	}
-	return lk.wait(ctx, h)
+	return lk.wait(ctx, h, holder)
 }
 
 // semProto is a semaphore (or an RWMutex) at Redis: every operation is

@@ -3,7 +3,6 @@ package market
 import (
 	"fmt"
 	"strings"
-	"time"
 )
 
 // claim is one statement about the rows of a run, checked against what the
@@ -22,7 +21,7 @@ type claim struct {
 // the book's lock they replace.
 const (
 	fineOverWatch   = 10.0 // fine lock purchases ÷ WATCH purchases, heavy loads
-	coarseBusy      = 0.9  // share of the time dlock-coarse's one lock is held
+	coarseCeiling   = 0.9  // dlock-coarse's critical sections per second ÷ (1 ÷ their mean length)
 	coarseP99Factor = 0.25 // dlock-coarse p99 ÷ the book's coarse p99
 )
 
@@ -89,14 +88,19 @@ func claims(rs []Result) []claim {
 		if hasDC && heavy(l) {
 			// Only where someone always wants the lock: with fewer
 			// workers it is often free because nobody asks for it.
-			busy := share(dc.LockHeld, dc.Duration)
 			then := ""
 			if hasCoarse {
-				then = fmt.Sprintf("; the book's coarse lock %s, as its waiters see it free only at their next try, 1 ms apart", pct(share(coarse.LockHeld, coarse.Duration)))
+				then = fmt.Sprintf("; the book's coarse lock %s, as its waiters see it free only at their next try, 1 ms apart", pct(coarse.CeilingShare))
 			}
-			add(busy >= coarseBusy,
-				"dlock-coarse hands its one lock from holder to holder without a gap: it was held %s of the time (%s or more expected%s)",
-				pct(busy), pct(coarseBusy), then)
+			secs := dc.Duration.Seconds()
+			ceiling := 0.0
+			if dc.CriticalSection > 0 {
+				ceiling = 1 / dc.CriticalSection.Seconds()
+			}
+			add(dc.LockSections > 0 && dc.CeilingShare >= coarseCeiling,
+				"dlock-coarse runs its critical sections one right after another: %s a second (%s of them purchases), %s of the %s a second that sections of their mean length, %s, allow back to back (%s or more expected%s)",
+				count(int64(float64(dc.LockSections)/secs+0.5)), count(int64(float64(dc.Bought)/secs+0.5)),
+				pct(dc.CeilingShare), count(int64(ceiling+0.5)), dur(dc.CriticalSection), pct(coarseCeiling), then)
 		}
 		if hasDC && hasCoarse {
 			// p99 is of the calls that completed in the row's time: those
@@ -118,14 +122,6 @@ func claims(rs []Result) []claim {
 		}
 	}
 	return out
-}
-
-// share is part ÷ whole.
-func share(part, whole time.Duration) float64 {
-	if whole <= 0 {
-		return 0
-	}
-	return float64(part) / float64(whole)
 }
 
 // pct formats a share as a whole percentage.

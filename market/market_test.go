@@ -91,6 +91,14 @@ func TestConservationEveryVariant(t *testing.T) {
 		if r.Commands <= 0 || r.CommandCalls["zrange"] == 0 {
 			t.Errorf("%s %s: commands %d, zrange calls %d", r.Load, r.Variant, r.Commands, r.CommandCalls["zrange"])
 		}
+		// What the server and this process spent on the row.
+		if r.RoundTrips < r.Calls || r.RedisCPU <= 0 || r.ClientCPU <= 0 || r.CommandUsec["zrange"] <= 0 {
+			t.Errorf("%s %s: %d round trips for %d purchase calls, Redis CPU %v, client CPU %v, zrange µs %d",
+				r.Load, r.Variant, r.RoundTrips, r.Calls, r.RedisCPU, r.ClientCPU, r.CommandUsec["zrange"])
+		}
+		if r.ListCalls < r.Listed {
+			t.Errorf("%s %s: %d listing calls for %d listed", r.Load, r.Variant, r.ListCalls, r.Listed)
+		}
 		if r.Variant != VariantWatch && r.Retries != 0 {
 			t.Errorf("%s %s: %d retries without WATCH", r.Load, r.Variant, r.Retries)
 		}
@@ -108,6 +116,19 @@ func TestConservationEveryVariant(t *testing.T) {
 			t.Errorf("%s %s: held a lock for %v without locking", r.Load, r.Variant, r.LockHeld)
 		case spec.lock != lockNone && r.LockHeld <= 0:
 			t.Errorf("%s %s: no time under the lock measured", r.Load, r.Variant)
+		case spec.lock != lockNone && r.LockSections < r.Listed+r.Bought:
+			t.Errorf("%s %s: %d critical sections for %d listings and %d purchases", r.Load, r.Variant, r.LockSections, r.Listed, r.Bought)
+		case spec.lock != lockNone && (r.AcquireMean <= 0 || r.ReleaseMean <= 0):
+			t.Errorf("%s %s: acquisitions took %v, releases %v", r.Load, r.Variant, r.AcquireMean, r.ReleaseMean)
+		case spec.lock == lockNone && r.AcquireMean+r.ReleaseMean != 0:
+			t.Errorf("%s %s: lock acquisitions measured without locking", r.Load, r.Variant)
+		case spec.lock == lockNone && r.LockSections != 0:
+			t.Errorf("%s %s: %d critical sections without locking", r.Load, r.Variant, r.LockSections)
+		case spec.lock != lockNone && !spec.fine && (r.CeilingShare <= 0 || r.CeilingShare > 1.0001):
+			// One lock: its sections back to back fill at most the row.
+			t.Errorf("%s %s: %.3f of the one lock's ceiling", r.Load, r.Variant, r.CeilingShare)
+		case spec.fine && r.CeilingShare != 0:
+			t.Errorf("%s %s: a ceiling share %.3f for locks that run side by side", r.Load, r.Variant, r.CeilingShare)
 		case spec.lock != lockNone && !spec.fine && r.LockHeld > r.Duration:
 			t.Errorf("%s %s: the one lock was held %v in a %v row", r.Load, r.Variant, r.LockHeld, r.Duration)
 		}

@@ -56,8 +56,24 @@ type trader struct {
 	unlockFailures int64 // releases that found the lock no longer theirs
 	lockErr        error // the first Locker or unlock error, for the report
 	// held is the time this worker held a lock before the deadline: from
-	// obtaining it to starting its release.
-	held time.Duration
+	// obtaining it to starting its release; sections counts those holdings
+	// (the ones that began before the deadline).
+	held     time.Duration
+	sections int64
+	// acquiring and releasing are the wall time of every successful lock
+	// acquisition (waiting included) and of every release; acquired counts
+	// both.
+	acquiring, releasing time.Duration
+	acquired             int64
+}
+
+// acquiredSince counts a lock acquisition that began at start and
+// succeeded now; it returns now, when the critical section begins.
+func (t *trader) acquiredSince(start time.Time) time.Time {
+	now := time.Now()
+	t.acquiring += now.Sub(start)
+	t.acquired++
+	return now
 }
 
 func (t *trader) stopped() bool { return t.stop.Err() != nil }
@@ -71,8 +87,12 @@ func (t *trader) holdEnds(since time.Time) {
 	}
 	if end.After(since) {
 		t.held += end.Sub(since)
+		t.sections++
 	}
 }
+
+// releaseTook counts a release that began at start and ends now.
+func (t *trader) releaseTook(start time.Time) { t.releasing += time.Since(start) }
 
 // list moves item from seller's inventory into the market at price.
 func (t *trader) list(ctx context.Context, seller int, item, member string, price int64) (outcome, error) {
@@ -310,14 +330,16 @@ var errLockTimeout = errors.New("market: lock wait timed out")
 // lock acquires name with the variant's lock. On outOK the caller must call
 // release exactly once; otherwise release is nil.
 func (t *trader) lock(ctx context.Context, name string) (release func(context.Context) error, out outcome, err error) {
+	start := time.Now()
 	if t.spec.lock == lockFaithful {
 		token, out, err := t.acquireFaithful(ctx, name)
 		if err != nil || out != outOK {
 			return nil, out, err
 		}
-		since := time.Now()
+		since := t.acquiredSince(start)
 		return func(ctx context.Context) error {
 			t.holdEnds(since)
+			defer t.releaseTook(time.Now())
 			ok, err := t.releaseFaithful(ctx, name, token)
 			if err == nil && !ok {
 				t.unlockFailures++
@@ -351,9 +373,10 @@ func (t *trader) lock(ctx context.Context, name string) (release func(context.Co
 		time.Sleep(lockPoll)
 		return nil, outLockFailed, nil
 	}
-	since := time.Now()
+	since := t.acquiredSince(start)
 	return func(ctx context.Context) error {
 		t.holdEnds(since)
+		defer t.releaseTook(time.Now())
 		// Cancel the wait context only after unlocking, in case the
 		// Locker ties anything of the holding to it.
 		defer cancel()

@@ -31,6 +31,8 @@ func WriteTable(w io.Writer, rs []Result) {
 		{head: "ok p99"},
 		{head: "all mean"},
 		{head: "all p99"},
+		{head: "crit sect"},
+		{head: "of ceiling"},
 		{head: "commands"},
 		{head: "ops/s"},
 		{head: "zcard"},
@@ -49,6 +51,7 @@ func WriteTable(w io.Writer, rs []Result) {
 			count(r.Gone), count(r.Timeouts), count(r.LockFailures), count(r.InFlight),
 			dur(r.Success.Mean), dur(r.Success.P50), dur(r.Success.P99),
 			dur(r.All.Mean), dur(r.All.P99),
+			dashIfZero(r.CriticalSection, dur), dashIfZero(r.CeilingShare, pct),
 			cmds, count(int64(r.OpsPerSec + 0.5)), count(r.FinalZCard), verdict(r),
 		})
 	}
@@ -67,6 +70,8 @@ func WriteTable(w io.Writer, rs []Result) {
 			{"in flight", "calls still running at the end of the row, not counted in the other columns"},
 			{"ok mean, p50, p99", "time of a successful purchase, lock wait and retries included: the mean; the time half of them, and 99 in 100, took at most"},
 			{"all mean, p99", "the same over every purchase call, gone items and timeouts included"},
+			{"crit sect", "mean time of one critical section (a listing or a purchase inside its lock), measured inside the lock"},
+			{"of ceiling", "coarse rows: critical sections per second ÷ (1 ÷ crit sect), the most one lock allows; 100% is one section right after another"},
 			{"commands", "commands Redis ran, those run by scripts included" + daggerNote(rep.ran)},
 			{"ops/s", "commands Redis ran per second"},
 			{"zcard", "items still on the market at the end"},
@@ -433,4 +438,14 @@ func WriteJSON(w io.Writer, rs []Result) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
+}
+
+// dashIfZero formats v with f, or "-" for zero (a measure the row does not
+// have).
+func dashIfZero[T comparable](v T, f func(T) string) string {
+	var zero T
+	if v == zero {
+		return "-"
+	}
+	return f(v)
 }

@@ -46,12 +46,31 @@ type Result struct {
 	// is how long that lock was in use: a lock handed straight from one
 	// holder to the next is held nearly all of Duration.
 	LockHeld time.Duration `json:"lock_held_ns"`
+	// LockSections is the number of critical sections (lock holdings)
+	// LockHeld sums, listings' and purchases' alike.
+	LockSections int64 `json:"lock_sections"`
+	// CriticalSection is the mean time one critical section took, measured
+	// inside the lock (LockHeld ÷ LockSections; 0 for rows without a lock).
+	CriticalSection time.Duration `json:"critical_section_ns"`
+	// CeilingShare is, for a coarse row (one lock for the whole market),
+	// the critical sections it ran per second as a share of the most one
+	// lock allows: sections back to back, 1 ÷ CriticalSection per second.
+	// 1 means no time at all between one holder's release and the next
+	// holder's start. 0 for the other rows.
+	CeilingShare float64 `json:"ceiling_share"`
+	// AcquireMean is the mean wall time of a successful lock acquisition
+	// (waiting included), ReleaseMean that of a release: with
+	// CriticalSection, where a locked call's time goes. 0 without a lock.
+	AcquireMean time.Duration `json:"acquire_mean_ns"`
+	ReleaseMean time.Duration `json:"release_mean_ns"`
 	// UnlockFailures counts releases that found the lock no longer held by
 	// the releaser; any is a failed check.
 	UnlockFailures int64 `json:"unlock_failures"`
 	// Calls is the number of purchase calls that completed before the
 	// deadline, whatever their outcome.
 	Calls int64 `json:"purchase_calls"`
+	// ListCalls is the same for listings.
+	ListCalls int64 `json:"list_calls"`
 	// InFlight is the number of calls (listings and purchases) running at
 	// the deadline.
 	InFlight   int64 `json:"in_flight"`
@@ -72,6 +91,18 @@ type Result struct {
 	Commands     int64            `json:"commands"`
 	CommandCalls map[string]int64 `json:"command_calls,omitempty"`
 	OpsPerSec    float64          `json:"ops_per_sec"`
+	// CommandUsec is the microseconds Redis spent in each command (a
+	// script's time includes that of the commands it ran).
+	CommandUsec map[string]int64 `json:"command_usec,omitempty"`
+	// RoundTrips is the number of requests the server read from its
+	// clients (INFO stats total_reads_processed: a pipeline or MULTI..EXEC
+	// sent at once is one), RedisCPU the CPU time the server used, ClientCPU
+	// that of this process (every worker and Locker; 0 where it cannot be
+	// read). All three cover the row from its start to its last call; 0 on
+	// a server that does not report them.
+	RoundTrips int64         `json:"round_trips"`
+	RedisCPU   time.Duration `json:"redis_cpu_ns"`
+	ClientCPU  time.Duration `json:"client_cpu_ns"`
 	// FinalZCard is the number of entries left in the market.
 	FinalZCard int64 `json:"final_zcard"`
 

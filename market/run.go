@@ -212,7 +212,8 @@ func runCell(ctx context.Context, cfg Config, admin redis.UniversalClient, load 
 		done.Wait()
 		return r, fmt.Errorf("connecting a worker: %w", err)
 	}
-	before, err := commandCounts(ctx, admin)
+	before, err := readServerStats(ctx, admin)
+	cpu0, cpuOK := processCPU()
 	if err != nil {
 		cancelCell()
 		close(startGate)
@@ -256,11 +257,20 @@ wait:
 	if err := firstErr(logs); err != nil {
 		return r, err
 	}
-	after, err := commandCounts(ctx, admin)
+	cpu1, _ := processCPU()
+	after, err := readServerStats(ctx, admin)
 	if err != nil {
 		return r, fmt.Errorf("INFO: %w", err)
 	}
-	r.CommandCalls, r.Commands = diffCounts(before, after)
+	r.CommandCalls, r.Commands = diffCounts(before.calls, after.calls)
+	r.CommandUsec = diffUsec(before.usec, after.usec)
+	if after.reads > before.reads {
+		r.RoundTrips = after.reads - before.reads - 1 // less the INFO that read "before"
+	}
+	r.RedisCPU = after.cpu - before.cpu
+	if cpuOK {
+		r.ClientCPU = cpu1 - cpu0
+	}
 	r.OpsPerSec = float64(r.Commands) / r.Elapsed.Seconds()
 
 	aggregate(&r, logs, load)
@@ -284,6 +294,8 @@ wait:
 // aggregate sums the workers' logs into r.
 func aggregate(r *Result, logs []workerLog, load Load) {
 	var okLat, allLat []time.Duration
+	var acquiring, releasing time.Duration
+	var acquired int64
 	for i := range logs {
 		w := &logs[i]
 		r.Listed += w.listed
@@ -306,6 +318,11 @@ func aggregate(r *Result, logs []workerLog, load Load) {
 		r.LockFailures += w.t.lockFailures
 		r.UnlockFailures += w.t.unlockFailures
 		r.LockHeld += w.t.held
+		r.LockSections += w.t.sections
+		acquiring += w.t.acquiring
+		releasing += w.t.releasing
+		acquired += w.t.acquired
+		r.ListCalls += w.listCalls
 		if w.t.lockErr != nil && !slices.Contains(r.Notes, w.t.lockErr.Error()) && len(r.Notes) < 5 {
 			r.Notes = append(r.Notes, w.t.lockErr.Error())
 		}
@@ -316,10 +333,28 @@ func aggregate(r *Result, logs []workerLog, load Load) {
 		okLat = append(okLat, w.okLat...)
 		allLat = append(allLat, w.allLat...)
 	}
+	ceiling(r)
+	if acquired > 0 {
+		r.AcquireMean = acquiring / time.Duration(acquired)
+		r.ReleaseMean = releasing / time.Duration(acquired)
+	}
 	r.Success = summarize(okLat)
 	r.All = summarize(allLat)
 	if r.Bought > 0 {
 		r.BookWait = time.Duration(float64(load.Buyers) * float64(r.Duration) / float64(r.Bought))
+	}
+}
+
+// ceiling sets r's mean critical section from LockHeld and LockSections,
+// and for a coarse row the share of the most one lock allows that it ran.
+func ceiling(r *Result) {
+	if r.LockSections <= 0 {
+		return
+	}
+	r.CriticalSection = r.LockHeld / time.Duration(r.LockSections)
+	if spec := specFor(r.Variant); spec != nil && spec.lock != lockNone && !spec.fine && r.Duration > 0 && r.CriticalSection > 0 {
+		perSec := float64(r.LockSections) / r.Duration.Seconds()
+		r.CeilingShare = perSec / (1 / r.CriticalSection.Seconds())
 	}
 }
 

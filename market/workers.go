@@ -24,6 +24,7 @@ type workerLog struct {
 	// listers
 	seller     int
 	listed     int64
+	listCalls  int64 // listings that completed before the deadline, whatever their outcome
 	lateListed int64
 	timeouts   int64
 	next       int   // items 0..next-1 were tried
@@ -72,6 +73,9 @@ func listerLoop(ctx context.Context, cfg Config, w *workerLog, clock *cellClock,
 		}
 		late := time.Now().After(clock.deadline)
 		w.next = n + 1
+		if !late {
+			w.listCalls++
+		}
 		switch out {
 		case outOK:
 			if late {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -94,6 +95,8 @@ type marketFlags struct {
 	chart    string
 	quiet    bool
 	flush    bool
+	// cpuProfile is the file --cpuprofile names ("": none).
+	cpuProfile string
 	// variantsSet is true when --variants was given.
 	variantsSet bool
 }
@@ -114,6 +117,7 @@ func parseMarketFlags(args []string, stdout io.Writer) (f marketFlags, help bool
 	fs.StringVar(&f.chart, "chart", "", "write an SVG chart to `FILE.svg`")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress lines on stderr")
 	fs.BoolVar(&f.flush, "flush", false, "allow flushing a non-empty database given with --redis")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the rows (this process only, not Redis) to `FILE` for go tool pprof")
 	if err := fs.Parse(args); err != nil {
 		help, err := usageOrHelp(err, fs, marketUsage, stdout)
 		return f, help, err
@@ -253,7 +257,14 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 
 	if newLocker != nil {
-		lockRDB := newClient(0) // go-redis's default pool size
+		// go-redis's default pool size, and ContextTimeoutEnabled as the
+		// README advises: go-redis then bounds each call by its ctx, so
+		// dlock need not run every lock and unlock call with a
+		// cancelable ctx on a helper goroutine (a goroutine hop each:
+		// docs/MARKET.md, "Where the time goes").
+		lo := *opts
+		lo.PoolSize, lo.ContextTimeoutEnabled = 0, true
+		lockRDB := redis.NewClient(&lo)
 		locker, closeLocker := newLocker(lockRDB)
 		defer lockRDB.Close()
 		defer closeLocker()
@@ -276,7 +287,18 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 	}
 	say("%d rows of %v each, about %v in all%s", rows, cfg.Duration, estimate(rows, cfg.Duration), fullHint(f))
+	stopProfile, err := startCPUProfile(f.cpuProfile)
+	if err != nil {
+		fmt.Fprintf(stderr, "dlock market: --cpuprofile: %v\n", err)
+		return exitFailed
+	}
 	results, runErr := market.Run(ctx, cfg)
+	if err := stopProfile(); err != nil {
+		fmt.Fprintf(stderr, "dlock market: --cpuprofile: %v\n", err)
+		return exitFailed
+	} else if f.cpuProfile != "" {
+		say("CPU profile written to %s", f.cpuProfile)
+	}
 
 	if len(results) > 0 {
 		if f.json {
@@ -376,4 +398,24 @@ func writeChart(path string, results []market.Result) error {
 		return err
 	}
 	return f.Close()
+}
+
+// startCPUProfile starts a CPU profile into path ("": none) and returns the
+// function that stops it and closes the file.
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		out.Close()
+		return nil, err
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return out.Close()
+	}, nil
 }
