@@ -180,7 +180,7 @@ func (lk *lock) firstLook(ctx context.Context, h *holding) (l *Lease, err error,
 		}
 		if lk.c.closed.Load() {
 			lk.abandon(ctx, h.token, err)
-			return nil, nameErr(lk.name, ErrClosed), true
+			return nil, nameErr(lk.name, ErrClosed), true, 0
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
 	}
