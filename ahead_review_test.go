@@ -1,0 +1,90 @@
+package dlock_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faults"
+	"github.com/dlock-go/dlock/internal/redistest"
+)
+
+// TestConcurrentUnlocksOfAPendingLease: a lease passed to, its record in
+// flight, is unlocked by two goroutines at once while a third waiter of
+// its Client sleeps in its turn. One Unlock passes on ahead of the record;
+// the other must not take the lease's request slot and sit on it waiting
+// for that pass, or the pass's record (which needs the slot after the
+// first record) cannot run before its deadline: the third lease would be
+// lost with the lock never lost at Redis, and both Unlocks would wait
+// until then.
+func TestConcurrentUnlocksOfAPendingLease(t *testing.T) {
+	s := redistest.Start(t)
+	plain, _ := newClient(t, s)
+	c, _ := faultyClient(t, s, faults.Rule{Script: "pass", Kind: faults.DelaySend, P: 1, Min: 150 * time.Millisecond, Max: 150 * time.Millisecond})
+	rdb := s.Client(t)
+	ctx := ctxT(t, 60*time.Second)
+	ttl := dlock.TTL(3 * time.Second)
+	for round := 0; round < 6; round++ {
+		name := "pending2x-" + strconv.Itoa(round)
+		key := "dlock:{" + name + "}"
+		first, err := plain.Mutex(name, ttl).Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *dlock.Lease, 3)
+		lock := func() {
+			l, err := c.Mutex(name, ttl).Lock(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- l
+		}
+		go lock()
+		waitLine(t, ctx, rdb, key, 1)
+		go lock()
+		go lock()
+		waitFor(t, ctx, "three waiters queued", func() bool { n, _ := dlock.QueuedLocally(c, name); return n == 3 })
+		if err := first.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		a := <-got
+		if a == nil {
+			t.FailNow()
+		}
+		waitFor(t, ctx, "the second waiter asleep", func() bool { _, asleep := dlock.QueuedLocally(c, name); return asleep })
+		go func() { _ = a.Unlock(ctx) }()
+		b := <-got
+		if b == nil || !dlock.Pending(b) {
+			t.Fatal("the second lease is not pending right after the pass")
+		}
+		waitFor(t, ctx, "the third waiter asleep", func() bool { _, asleep := dlock.QueuedLocally(c, name); return asleep })
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range errs {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i] = b.Unlock(ctx) }()
+		}
+		cl := <-got
+		if cl == nil {
+			t.FailNow()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: concurrent Unlock of the pending lease: %v", round, err)
+			}
+		}
+		if !stillValid(cl) {
+			t.Fatalf("round %d: the third lease ended: %v", round, context.Cause(cl.Context()))
+		}
+		if o := owner(ctx, rdb, name); o != cl.Token() {
+			t.Fatalf("round %d: owner %q after both records, want the third lease's", round, o)
+		}
+		if err := cl.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
