@@ -127,6 +127,28 @@ func (h *holding) beginOp(ctx context.Context) error {
 	return nil
 }
 
+// awaitRecord waits until the record of the pass that made h is no longer
+// in flight, or ctx ends.
+func (h *holding) awaitRecord(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for h.inRecord {
+		if h.idle == nil {
+			h.idle = make(chan struct{})
+		}
+		idle := h.idle
+		h.mu.Unlock()
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			h.mu.Lock()
+			return ctx.Err()
+		}
+		h.mu.Lock()
+	}
+	return nil
+}
+
 func (h *holding) endOp() {
 	h.mu.Lock()
 	h.busy, h.inRecord = false, false

@@ -55,11 +55,11 @@ func (c *Client) record(p *pass) {
 	backoff := time.Millisecond
 	var slot error // ahead: waiting for from's record failed (ctx ended)
 	if p.ahead {
-		// from's record holds its slot: ours goes once it has landed (or
-		// failed, when this one finds the lock not from's), never before.
-		if slot = from.beginOp(ctx); slot == nil {
-			defer from.endOp()
-		}
+		// Ours goes once from's record has landed (or failed, when this
+		// one finds the lock not from's), never before. Not from's slot:
+		// a concurrent Unlock of from may take it after that record, only
+		// to wait for this pass.
+		slot = from.awaitRecord(ctx)
 	}
 	for {
 		sent := time.Now()
