@@ -88,3 +88,43 @@ func TestConcurrentUnlocksOfAPendingLease(t *testing.T) {
 		}
 	}
 }
+
+// TestBesideHolderStolen: a waiter beside a holder of its own Client is not
+// told when that holder's lock is removed at Redis and another Client takes
+// and releases it (that release is published on a channel the waiter does
+// not hear). It must still get the lock, by looking again on its own, well
+// within its ctx, with a fence above the other Client's.
+func TestBesideHolderStolen(t *testing.T) {
+	s := redistest.Start(t)
+	cs, rdb := newClients(t, s, 2)
+	a, b := cs[0], cs[1]
+	ctx := ctxT(t, 20*time.Second)
+	holder, err := a.Mutex("stolen", dlock.NoRenew()).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := async(t, ctx, a.Mutex("stolen").Lock)
+	waitFor(t, ctx, "a's waiter asleep beside its holder", func() bool {
+		n, asleep := dlock.QueuedLocally(a, "stolen")
+		return n == 1 && asleep
+	})
+	if err := rdb.Del(ctx, "dlock:{stolen}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	lb, err := b.Mutex("stolen").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lb.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	la, err := mine()
+	if err != nil {
+		t.Fatalf("the waiter beside a stolen holder: %v", err)
+	}
+	if la.Fence() <= lb.Fence() {
+		t.Fatalf("fence %d after %d", la.Fence(), lb.Fence())
+	}
+	_ = la.Unlock(ctx)
+	_ = holder.Unlock(ctx)
+}
