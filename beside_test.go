@@ -196,6 +196,14 @@ func TestPassAheadOfRecord(t *testing.T) {
 		if cl.Fence() != b.Fence()+1 || b.Fence() != a.Fence()+1 {
 			t.Fatalf("fences %d, %d, %d: want one more each", a.Fence(), b.Fence(), cl.Fence())
 		}
+		if lose {
+			// Once the first record has found the lock lost (the second
+			// lease settled), the third is not believed valid either.
+			waitFor(t, ctx, "the second lease settled", func() bool { return dlock.Settled(b) })
+			if stillValid(cl) {
+				t.Fatal("the third lease still believed valid after the first record found the lock lost")
+			}
+		}
 		err = <-bDone
 		if lose {
 			if !errors.Is(err, dlock.ErrLockLost) {
