@@ -350,6 +350,16 @@ func (h *holding) closeDown() (release bool) {
 	return h.end(closed, ErrClosed) && st == held
 }
 
+// passMade returns the pass h made, if it is passing.
+func (h *holding) passMade() *pass {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.st != passing {
+		return nil
+	}
+	return h.pass
+}
+
 // live reports whether the holding is pending or held.
 func (h *holding) live() bool {
 	h.mu.Lock()

@@ -78,6 +78,14 @@ func (c *Client) record(p *pass) {
 			}
 			return
 		case err == nil || isForeign(err):
+			for q := to.passMade(); q != nil; {
+				// to passed on ahead of this record (and so on, maybe):
+				// those leases never held the lock either (their own
+				// records, next, clean up).
+				next := q.to.passMade()
+				q.to.lose("the lock was no longer held when it was passed on")
+				q = next
+			}
 			from.settle(lost, fmt.Errorf("%w: the lock was no longer held when it was passed on", ErrLockLost))
 			to.lose("the lock was no longer held when it was passed on")
 			c.giveBackAsync(to) // its place in line, and a hand-over from Redis to it
