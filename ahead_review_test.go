@@ -128,3 +128,62 @@ func TestBesideHolderStolen(t *testing.T) {
 	_ = la.Unlock(ctx)
 	_ = holder.Unlock(ctx)
 }
+
+// TestCloseDuringPassAhead: the Client closes while a pending lease has
+// passed on ahead of its record: Close returns, every lease ends, every
+// Unlock returns, and the lock is not left to a token at Redis past the
+// records' cleanup (another Client gets it within its ctx).
+func TestCloseDuringPassAhead(t *testing.T) {
+	s := redistest.Start(t)
+	plain, _ := newClient(t, s)
+	c, _ := faultyClient(t, s, faults.Rule{Script: "pass", Kind: faults.DelaySend, P: 1, Min: 150 * time.Millisecond, Max: 150 * time.Millisecond})
+	rdb := s.Client(t)
+	ctx := ctxT(t, 30*time.Second)
+	name := "close-ahead"
+	first, err := plain.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dlock.Lease, 3)
+	lock := func() { l, _ := c.Mutex(name).Lock(ctx); got <- l }
+	go lock()
+	waitLine(t, ctx, rdb, "dlock:{"+name+"}", 1)
+	go lock()
+	go lock()
+	waitFor(t, ctx, "three waiters queued", func() bool { n, _ := dlock.QueuedLocally(c, name); return n == 3 })
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a == nil {
+		t.FailNow()
+	}
+	waitFor(t, ctx, "the second waiter asleep", func() bool { _, asleep := dlock.QueuedLocally(c, name); return asleep })
+	aDone := make(chan error, 1)
+	go func() { aDone <- a.Unlock(ctx) }()
+	b := <-got
+	if b == nil || !dlock.Pending(b) {
+		t.Fatal("the second lease is not pending right after the pass")
+	}
+	waitFor(t, ctx, "the third waiter asleep", func() bool { _, asleep := dlock.QueuedLocally(c, name); return asleep })
+	bDone := make(chan error, 1)
+	go func() { bDone <- b.Unlock(ctx) }()
+	cl := <-got
+	if cl == nil {
+		t.FailNow()
+	}
+	_ = c.Close()
+	<-aDone
+	<-bDone
+	select {
+	case <-cl.Context().Done():
+	case <-ctx.Done():
+		t.Fatal("the third lease still believed valid after Close")
+	}
+	_ = cl.Unlock(ctx)
+	l, err := plain.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatalf("another Client after Close: %v", err)
+	}
+	_ = l.Unlock(ctx)
+}
