@@ -21,7 +21,9 @@ import (
 //     and TTL wait for the record (the record holds its one request slot),
 //     so passes and releases of one lock are recorded one at a time. Its
 //     Unlock may pass the lock on before (pass.ahead): that record then
-//     waits for the slot, so it is still sent after this one settles.
+//     waits for this one to settle (not for the slot, which a concurrent
+//     Unlock of the passer may hold while it waits for that pass), so it
+//     is still sent after this one settles.
 //   - If the record finds the passer no longer owning the lock (its lease
 //     had been lost unnoticed), both leases are lost: the passer's Unlock
 //     and the new lease say so, and the new lease's place in line is left

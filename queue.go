@@ -234,7 +234,7 @@ func (c *Client) turnFrom(lc *local) uint64 {
 // holding is pending, its Lock returns at once, and the pass is recorded at
 // Redis in the background (see pass.go). ahead: h is itself pending, its
 // record in flight, and its request slot not ours: the new record waits for
-// that slot, so records still land one at a time and in order.
+// that record to settle, so records still land one at a time and in order.
 func (c *Client) passOn(h *holding, ahead bool) *pass {
 	if h.lk.fair || h.turnEnd == 0 {
 		return nil // Fair, semaphore and RWMutex holders keep the line's order
