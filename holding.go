@@ -109,21 +109,11 @@ func (l *lock) newHolding(ctx context.Context, n int64) *holding {
 // beginOp waits until no other request about h is in flight, or ctx ends.
 func (h *holding) beginOp(ctx context.Context) error {
 	h.mu.Lock()
-	for h.busy {
-		if h.idle == nil {
-			h.idle = make(chan struct{})
-		}
-		idle := h.idle
-		h.mu.Unlock()
-		select {
-		case <-idle:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.waitWhile(ctx, func() bool { return h.busy }); err != nil {
+		return err
 	}
 	h.busy = true
-	h.mu.Unlock()
 	return nil
 }
 
@@ -132,7 +122,13 @@ func (h *holding) beginOp(ctx context.Context) error {
 func (h *holding) awaitRecord(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for h.inRecord {
+	return h.waitWhile(ctx, func() bool { return h.inRecord })
+}
+
+// waitWhile waits, with h.mu held (released while it sleeps), until cond
+// is false or ctx ends; endOp wakes it.
+func (h *holding) waitWhile(ctx context.Context, cond func() bool) error {
+	for cond() {
 		if h.idle == nil {
 			h.idle = make(chan struct{})
 		}
