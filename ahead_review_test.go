@@ -29,27 +29,11 @@ func TestConcurrentUnlocksOfAPendingLease(t *testing.T) {
 	ttl := dlock.TTL(3 * time.Second)
 	for round := 0; round < 6; round++ {
 		name := "pending2x-" + strconv.Itoa(round)
-		key := "dlock:{" + name + "}"
 		first, err := plain.Mutex(name, ttl).Lock(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := make(chan *dlock.Lease, 3)
-		lock := func() {
-			l, err := c.Mutex(name, ttl).Lock(ctx)
-			if err != nil {
-				t.Error(err)
-			}
-			got <- l
-		}
-		go lock()
-		waitLine(t, ctx, rdb, key, 1)
-		go lock()
-		go lock()
-		waitFor(t, ctx, "three waiters queued", func() bool { n, _ := dlock.QueuedLocally(c, name); return n == 3 })
-		if err := first.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		got := threeInTurn(t, ctx, c, rdb, name, first, c.Mutex(name, ttl).Lock, func(err error) { t.Error(err) })
 		a := <-got
 		if a == nil {
 			t.FailNow()
@@ -144,16 +128,7 @@ func TestCloseDuringPassAhead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *dlock.Lease, 3)
-	lock := func() { l, _ := c.Mutex(name).Lock(ctx); got <- l }
-	go lock()
-	waitLine(t, ctx, rdb, "dlock:{"+name+"}", 1)
-	go lock()
-	go lock()
-	waitFor(t, ctx, "three waiters queued", func() bool { n, _ := dlock.QueuedLocally(c, name); return n == 3 })
-	if err := first.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	got := threeInTurn(t, ctx, c, rdb, name, first, c.Mutex(name).Lock, func(error) {})
 	a := <-got
 	if a == nil {
 		t.FailNow()

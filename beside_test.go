@@ -158,22 +158,11 @@ func TestPassAheadOfRecord(t *testing.T) {
 		}
 		// Three waiters on c: the first is handed the lock through Redis,
 		// and its turn covers the two others.
-		got := make(chan *dlock.Lease, 3)
-		lock := func() {
-			l, err := c.Mutex(name).Lock(ctx)
-			if err != nil && !lose {
+		got := threeInTurn(t, ctx, c, rdb, name, first, c.Mutex(name).Lock, func(err error) {
+			if !lose {
 				t.Error(err)
 			}
-			got <- l
-		}
-		go lock()
-		waitLine(t, ctx, rdb, key, 1)
-		go lock()
-		go lock()
-		waitFor(t, ctx, "three waiters queued", func() bool { n, _ := dlock.QueuedLocally(c, name); return n == 3 })
-		if err := first.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		})
 		a := <-got
 		waitFor(t, ctx, "the second waiter asleep", func() bool { _, asleep := dlock.QueuedLocally(c, name); return asleep })
 		go func() { _ = a.Unlock(ctx) }() // passes to the second; its record is delayed
@@ -227,4 +216,29 @@ func TestPassAheadOfRecord(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// threeInTurn has three calls of lock (on c, for name) wait behind first,
+// the first of them in line at Redis and all three queued on c in one
+// turn, then unlocks first. The leases come on the channel as granted (nil
+// for a call that failed, whose error goes to failed).
+func threeInTurn(t *testing.T, ctx context.Context, c *dlock.Client, rdb redis.Cmdable, name string, first *dlock.Lease, lock func(context.Context) (*dlock.Lease, error), failed func(error)) <-chan *dlock.Lease {
+	t.Helper()
+	got := make(chan *dlock.Lease, 3)
+	call := func() {
+		l, err := lock(ctx)
+		if err != nil {
+			failed(err)
+		}
+		got <- l
+	}
+	go call()
+	waitLine(t, ctx, rdb, "dlock:{"+name+"}", 1)
+	go call()
+	go call()
+	waitFor(t, ctx, "three waiters queued", func() bool { n, _ := dlock.QueuedLocally(c, name); return n == 3 })
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
