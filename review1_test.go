@@ -385,11 +385,16 @@ func TestReviewSecondCloseReturnsEarly(t *testing.T) {
 	go func() { _ = c.Close(); close(first) }()
 	// The first Close has ended the lease and is releasing it.
 	waitFor(t, ctx, "the first Close to end the lease", func() bool { return l.Context().Err() != nil })
-	time.AfterFunc(500*time.Millisecond, s.Resume) // within the first Close's window for releasing
+	var resumed atomic.Bool
+	time.AfterFunc(500*time.Millisecond, func() { // within the first Close's window for releasing
+		resumed.Store(true)
+		s.Resume()
+	})
 	_ = c.Close()
-	select {
-	case <-first:
-	default:
+	// The first Close's release cannot land before the server resumes, so a
+	// second Close that returns before then did not wait for it. (Whether
+	// the first goroutine has yet run close(first) is up to the scheduler.)
+	if !resumed.Load() {
 		t.Errorf("the second Close returned while the first was still releasing (lease context ended: %v)", l.Context().Err() != nil)
 	}
 	<-first
