@@ -46,12 +46,14 @@ func TestBuildNamesInCapitals(t *testing.T) {
 	}
 }
 
-// TestDoAllocs bounds what one Do of an acquire-shaped call costs in
-// allocations: the reply {1, fence} is rueidis's []RedisMessage (its
+// TestCallAllocs bounds what one call of an acquire-shaped line costs in
+// allocations, through Do and through Submit (the path of a call whose ctx
+// can end): the reply {1, fence} is rueidis's []RedisMessage (its
 // reader's), then the engine's shape: the []any, its box, and the boxed
 // fence. Nothing else: the command's strings go through a buffer on the
-// stack into rueidis's pooled command, under a name in capitals.
-func TestDoAllocs(t *testing.T) {
+// stack into rueidis's pooled command, under a name in capitals, and
+// Submit's lone call starts a flusher without making a closure.
+func TestCallAllocs(t *testing.T) {
 	s := redistest.Start(t)
 	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.Addr()}, DisableCache: true, ForceSingleClient: true})
 	if err != nil {
@@ -68,22 +70,31 @@ func TestDoAllocs(t *testing.T) {
 	}
 	key := "dlock:{allocs}"
 	line := []any{"evalsha", &sha, "1", &key, "tok", "10000"}
-	// AllocsPerRun counts every goroutine's allocations: the least of a
-	// few runs leaves out what the process did meanwhile (the test
-	// server's start), which only adds.
-	var derr error
-	allocs := 1e9
-	for range 5 {
-		allocs = min(allocs, testing.AllocsPerRun(200, func() {
-			if _, err := k.Do(context.Background(), line, true); err != nil {
-				derr = err
-			}
-		}))
-	}
-	if derr != nil {
-		t.Fatal(derr)
-	}
-	if allocs > 4 {
-		t.Fatalf("Do of an acquire-shaped line: %v allocations, want at most 4", allocs)
+	goBg := func(f func()) bool { go f(); return true }
+	for _, tc := range []struct {
+		name string
+		call func() (any, error)
+	}{
+		{"Do", func() (any, error) { return k.Do(context.Background(), line, true) }},
+		{"Submit", func() (any, error) { return k.Submit(ctx, line, nil, goBg) }},
+	} {
+		// AllocsPerRun counts every goroutine's allocations: the least of
+		// a few runs leaves out what the process did meanwhile (the test
+		// server's start), which only adds.
+		var cerr error
+		allocs := 1e9
+		for range 5 {
+			allocs = min(allocs, testing.AllocsPerRun(200, func() {
+				if _, err := tc.call(); err != nil {
+					cerr = err
+				}
+			}))
+		}
+		if cerr != nil {
+			t.Fatalf("%s: %v", tc.name, cerr)
+		}
+		if allocs > 4 {
+			t.Errorf("%s of an acquire-shaped line: %v allocations, want at most 4", tc.name, allocs)
+		}
 	}
 }

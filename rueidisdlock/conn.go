@@ -34,6 +34,7 @@ func newConn(c rueidis.Client) *conn {
 		// DoMulti waits for its slowest master: a paused one would hold
 		// the calls for the others, so calls there stay apart.
 		k.batch = &batcher{c: c}
+		k.batch.flushFn = k.batch.flush
 		k.traits.Pipelined, k.traits.EagerSubmit = true, true
 	}
 	// ContextAware false: calls are sent without the caller's
