@@ -34,6 +34,7 @@ func newConn(c rueidis.Client) *conn {
 		// DoMulti waits for its slowest master: a paused one would hold
 		// the calls for the others, so calls there stay apart.
 		k.batch = &batcher{c: c}
+		k.batch.flushFn = k.batch.flush
 		k.traits.Pipelined, k.traits.EagerSubmit = true, true
 	}
 	// ContextAware false: calls are sent without the caller's
@@ -63,10 +64,36 @@ func build(b rueidis.Builder, line []any) rueidis.Completed {
 	case "exists", "spublish", "publish":
 		nkeys = 1
 	}
+	args[0] = capitals(args[0])
 	if nkeys == 0 || first+nkeys > len(args) {
 		return b.Arbitrary(args...).Build()
 	}
 	return b.Arbitrary(args[:first]...).Keys(args[first : first+nkeys]...).Args(args[first+nkeys:]...).Build()
+}
+
+// capitals returns a command name of dlock's lines (see driver) in
+// capitals, as a constant: rueidis upper-cases the name of every command
+// built with Arbitrary to look at it, which costs an allocation per call
+// unless the name is in capitals already. Redis reads a name in any case;
+// one dlock does not send is left as it is.
+func capitals(name string) string {
+	switch name {
+	case "evalsha":
+		return "EVALSHA"
+	case "eval":
+		return "EVAL"
+	case "exists":
+		return "EXISTS"
+	case "wait":
+		return "WAIT"
+	case "spublish":
+		return "SPUBLISH"
+	case "publish":
+		return "PUBLISH"
+	case "script":
+		return "SCRIPT"
+	}
+	return name
 }
 
 func str(a any) string {

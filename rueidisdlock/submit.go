@@ -27,6 +27,10 @@ type batcher struct {
 	queue   []*pending
 	running int        // flushers started and not yet finished
 	spare   []*scratch // flushers' buffers, kept for the next flushers
+	// flushFn is flush as a func value, made once (newConn): `go
+	// b.flush()` would allocate its closure every time a flusher starts,
+	// which a lone call does (two allocations per lock+unlock).
+	flushFn func()
 }
 
 // scratch is one flusher's buffers: flushers come and go with the load,
@@ -75,7 +79,7 @@ func (b *batcher) do(ctx context.Context, cmd rueidis.Completed, late func(any, 
 	}
 	b.mu.Unlock()
 	if start {
-		go b.flush()
+		go b.flushFn()
 	}
 	select {
 	case <-p.done:
