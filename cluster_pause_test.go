@@ -134,7 +134,7 @@ type pausedRound struct {
 // of the promoted one.
 func pausePastFailover(t *testing.T, lc *redistest.LinkedCluster, name string, delay time.Duration, opts ...dlock.Option) pausedRound {
 	t.Helper()
-	skipOnRueidis(t, "the test sees the resumed master's grants through a go-redis hook on its node client (OnNewNode), which a rueidis client has no counterpart of")
+	skipOnRueidis(t, "the test reads the replies of one node, the resumed old master, through a go-redis hook on that node's client (OnNewNode): a rueidis Cluster client picks a call's node inside rueidis, so no wrapper of it (internal/faults') sees which node answered")
 	ctx := ctxT(t, 60*time.Second)
 	key := wire.HashKey(wire.DefaultPrefix, name)
 	old := lc.MasterOf(t, key)

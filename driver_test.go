@@ -7,10 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faults"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/dlock-go/dlock/rueidisdlock"
 	"github.com/redis/go-redis/v9"
@@ -48,7 +50,11 @@ func newDlockOrErr(t testing.TB, rdb redis.UniversalClient, opts ...dlock.Option
 	if !onRueidis() {
 		return dlock.New(rdb, opts...), nil
 	}
-	rc, err := rueidis.NewClient(rueidisOptions(t, rdb))
+	newClient := rueidis.NewClient
+	if in, ok := rueidisFaults.Load(rdb); ok {
+		newClient = in.(*faults.Injector).NewRueidis
+	}
+	rc, err := newClient(rueidisOptions(t, rdb))
 	if err != nil {
 		return nil, err
 	}
@@ -58,6 +64,27 @@ func newDlockOrErr(t testing.TB, rdb redis.UniversalClient, opts ...dlock.Option
 		t.Fatal(err)
 	}
 	return c, nil
+}
+
+// rueidisFaults holds, over rueidis, the Injector that injectFaults gave
+// each go-redis client, for newDlock.
+var rueidisFaults sync.Map // redis.UniversalClient → *faults.Injector
+
+// injectFaults makes in inject its faults into the script calls and
+// subscriptions of the dlock Client that newDlock makes over rdb, whichever
+// the driver: with go-redis it hooks rdb; with rueidis, newDlock makes its
+// rueidis client with in.NewRueidis, and rdb is left as it is. Call it
+// before newDlock.
+func injectFaults(t testing.TB, rdb redis.UniversalClient, in *faults.Injector) {
+	t.Helper()
+	if !onRueidis() {
+		rdb.AddHook(in)
+		return
+	}
+	if _, dup := rueidisFaults.LoadOrStore(rdb, in); dup {
+		t.Fatalf("%s=rueidis: a second Injector for one client", driverEnv)
+	}
+	t.Cleanup(func() { rueidisFaults.Delete(rdb) })
 }
 
 // skipOnRueidis skips a test that cannot run over rueidis, saying why.

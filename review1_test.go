@@ -22,12 +22,11 @@ import (
 // Client options.
 func reviewClient(t testing.TB, s *redistest.Server, maxDelay time.Duration, opts []dlock.Option, rules ...faults.Rule) (*dlock.Client, *faults.Injector) {
 	t.Helper()
-	skipOnRueidis(t, "faults are injected by a go-redis hook (internal/faults), which a rueidis client cannot carry")
 	loadScripts(t, s.Client(t))
 	in := faults.New(faults.Config{Scripts: faults.EngineScripts(), Rules: rules, MaxDelay: maxDelay})
 	rdb := s.Client(t)
-	rdb.AddHook(in)
-	c := dlock.New(rdb, opts...)
+	injectFaults(t, rdb, in)
+	c := newDlock(t, rdb, opts...)
 	t.Cleanup(func() { _ = c.Close() })
 	return c, in
 }

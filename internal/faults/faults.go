@@ -1,14 +1,17 @@
 // Package faults injects seeded faults into the Lua script calls of a
-// go-redis v9 client, for tests that run against real redis-server
-// processes.
+// go-redis v9 client or a rueidis client, for tests that run against real
+// redis-server processes.
 //
 // An Injector is a redis.Hook: add it to a client with AddHook before the
 // client's first command (its DialHook wraps every connection the client
-// makes, so that one can be cut). For each EVALSHA or EVAL it sees, alone
-// (ProcessHook) or in a pipeline (ProcessPipelineHook: Pipelined, Pipeline,
-// and the batches of the client's AutoPipeline and AsyncAutoPipeline), it
-// names the script by its SHA1 (or the SHA1 of the source sent with EVAL)
-// from a Scripts table, and asks its Rules, in order, whether to inject:
+// makes, so that one can be cut). Or make a rueidis client with its
+// NewRueidis, which wraps the client's Do and DoMulti and its dialer the
+// same way (see there). For each EVALSHA or EVAL it sees, alone
+// (ProcessHook, rueidis's Do) or in a pipeline (ProcessPipelineHook:
+// Pipelined, Pipeline, and the batches of the client's AutoPipeline and
+// AsyncAutoPipeline; rueidis's DoMulti), it names the script by its SHA1
+// (or the SHA1 of the source sent with EVAL) from a Scripts table, and
+// asks its Rules, in order, whether to inject:
 //
 //   - DelaySend: wait, then send (Redis runs the command late);
 //   - DelayReply: send at once; the caller sees the reply late;
@@ -19,7 +22,7 @@
 //   - Cut: close the connection as soon as the command is written: Redis
 //     runs it (and, in a pipeline, the whole batch), the caller gets a
 //     closed-connection error;
-//   - DelayWrite: let go-redis take a connection and write the command,
+//   - DelayWrite: let the client take a connection and write the command,
 //     and hold the write back on its way: the command is committed, so
 //     the caller's ctx ending no longer stops it, and Redis runs it late.
 //
@@ -32,10 +35,13 @@
 // is disabled.
 //
 // Subscription faults (Config.Sub) are made at the connection instead, on
-// whatever the client's PubSub connections write: an SSUBSCRIBE written
+// whatever the client's subscription connections write: an SSUBSCRIBE written
 // late, refused by the server, or followed by the connection's close, and
 // an SUNSUBSCRIBE of a subscribed channel slipped in after a write, so that
 // the server ends that subscription behind the client's back.
+//
+// Only tests import this package: the go-redis build of dlock never
+// compiles rueidis.
 //
 // The Injector is safe for concurrent use.
 package faults
@@ -74,7 +80,9 @@ const (
 	// connection and committed to the command, so a caller's ctx that ends
 	// meanwhile no longer stops it (DelaySend's would: go-redis does not
 	// send for an ended ctx). Redis runs it late. Keep the delay under the
-	// client's write timeout.
+	// client's write timeout (go-redis's WriteTimeout; rueidis's
+	// ConnWriteTimeout, or the deadline of the caller's ctx when rueidis
+	// writes a lone command itself).
 	DelayWrite
 )
 

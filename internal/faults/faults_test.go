@@ -3,6 +3,7 @@ package faults_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 )
 
 // setScript sets KEYS[1] to ARGV[1]: whether it ran is visible at Redis.
@@ -29,16 +31,80 @@ func scripts() *faults.Scripts {
 	return s
 }
 
-// setup starts a server and returns a client with in as its hook (the
-// scripts loaded; sha is the set script's) and a plain client to look at
-// Redis with.
-func setup(t *testing.T, rules ...faults.Rule) (in *faults.Injector, rdb, plain *redis.Client, sha string) {
+// drivers are the clients an Injector reaches: go-redis through its hook
+// (AddHook), rueidis through NewRueidis. The tests of what each fault does
+// run over both: a fault means the same whichever client meets it.
+var drivers = []string{"go-redis", "rueidis"}
+
+// eachDriver runs f as a subtest per driver.
+func eachDriver(t *testing.T, f func(t *testing.T, drv string)) {
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) { f(t, drv) })
+	}
+}
+
+// client runs the set script through one driver.
+type client interface {
+	// set runs it for key, alone.
+	set(ctx context.Context, sha, key string) (any, error)
+	// batch runs it for each key in one batch after a command that is no
+	// script call, and returns every command's error.
+	batch(ctx context.Context, sha string, keys ...string) []error
+	// subscribe subscribes to ch on a connection of its own and waits for
+	// the confirmation; the connection is closed when t ends.
+	subscribe(t *testing.T, ctx context.Context, ch string) (subscription, error)
+}
+
+type goredisClient struct{ *redis.Client }
+
+func (c goredisClient) set(ctx context.Context, sha, key string) (any, error) {
+	return c.EvalSha(ctx, sha, []string{key}, "v").Result()
+}
+
+func (c goredisClient) batch(ctx context.Context, sha string, keys ...string) []error {
+	cmds, _ := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Exists(ctx, "nothing")
+		for _, k := range keys {
+			p.EvalSha(ctx, sha, []string{k}, "v")
+		}
+		return nil
+	})
+	errs := make([]error, len(cmds))
+	for i, cmd := range cmds {
+		errs[i] = cmd.Err()
+	}
+	return errs
+}
+
+type rueidisClient struct{ rueidis.Client }
+
+func (c rueidisClient) set(ctx context.Context, sha, key string) (any, error) {
+	return c.Do(ctx, c.B().Evalsha().Sha1(sha).Numkeys(1).Key(key).Arg("v").Build()).ToAny()
+}
+
+func (c rueidisClient) batch(ctx context.Context, sha string, keys ...string) []error {
+	cmds := rueidis.Commands{c.B().Exists().Key("nothing").Build()}
+	for _, k := range keys {
+		cmds = append(cmds, c.B().Evalsha().Sha1(sha).Numkeys(1).Key(k).Arg("v").Build())
+	}
+	var errs []error
+	for _, r := range c.DoMulti(ctx, cmds...) {
+		errs = append(errs, r.Error())
+	}
+	return errs
+}
+
+// setup starts a server and returns a client of it through drv that in
+// injects faults into (the scripts loaded; sha is the set script's) and a
+// plain client to look at Redis with.
+func setup(t *testing.T, drv string, rules ...faults.Rule) (in *faults.Injector, c client, plain *redis.Client, sha string) {
 	t.Helper()
-	in, rdb, plain, sha = setupWith(t, nil, rules...)
+	in, c, plain, sha = setupWith(t, drv, nil, rules...)
 	return
 }
 
-func setupWith(t *testing.T, opt func(*redis.Options), rules ...faults.Rule) (*faults.Injector, *redis.Client, *redis.Client, string) {
+// setupWith is setup with opt applied to a go-redis client's options.
+func setupWith(t *testing.T, drv string, opt func(*redis.Options), rules ...faults.Rule) (*faults.Injector, client, *redis.Client, string) {
 	t.Helper()
 	s := redistest.Start(t)
 	plain := s.Client(t)
@@ -50,13 +116,27 @@ func setupWith(t *testing.T, opt func(*redis.Options), rules ...faults.Rule) (*f
 		t.Fatal(err)
 	}
 	in := faults.New(faults.Config{Seed: 1, Scripts: scripts(), Rules: rules})
+	return in, newClient(t, s, drv, in, opt), plain, sha
+}
+
+// newClient returns a client of s through drv with in's faults.
+func newClient(t *testing.T, s *redistest.Server, drv string, in *faults.Injector, opt func(*redis.Options)) client {
+	t.Helper()
+	if drv == "rueidis" {
+		rc, err := in.NewRueidis(rueidis.ClientOption{InitAddress: []string{s.Addr()}, ForceSingleClient: true, DisableCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rc.Close)
+		return rueidisClient{rc}
+	}
 	var opts []func(*redis.Options)
 	if opt != nil {
 		opts = append(opts, opt)
 	}
 	rdb := s.Client(t, opts...)
 	rdb.AddHook(in)
-	return in, rdb, plain, sha
+	return goredisClient{rdb}
 }
 
 // call runs the set script for key in the background and reports its
@@ -67,11 +147,13 @@ type result struct {
 	at  time.Duration
 }
 
-func call(rdb *redis.Client, sha, key string) <-chan result {
+func call(c client, sha, key string) <-chan result { return callCtx(context.Background(), c, sha, key) }
+
+func callCtx(ctx context.Context, c client, sha, key string) <-chan result {
 	out := make(chan result, 1)
 	start := time.Now()
 	go func() {
-		v, err := rdb.EvalSha(context.Background(), sha, []string{key}, "v").Result()
+		v, err := c.set(ctx, sha, key)
 		out <- result{v, err, time.Since(start)}
 	}()
 	return out
@@ -86,15 +168,18 @@ func isSet(t *testing.T, plain *redis.Client, key string) bool {
 	return n == 1
 }
 
-// Each kind of fault is observable at Redis and by the caller.
-func TestKinds(t *testing.T) {
+// Each kind of fault is observable at Redis and by the caller, over
+// either driver.
+func TestKinds(t *testing.T) { eachDriver(t, testKinds) }
+
+func testKinds(t *testing.T, drv string) {
 	const d = 300 * time.Millisecond
 	rule := func(k faults.Kind) faults.Rule {
 		return faults.Rule{Script: "set", Kind: k, P: 1, Min: d, Max: d}
 	}
 	t.Run("delay-send", func(t *testing.T) {
-		_, rdb, plain, sha := setup(t, rule(faults.DelaySend))
-		res := call(rdb, sha, "k")
+		_, c, plain, sha := setup(t, drv, rule(faults.DelaySend))
+		res := call(c, sha, "k")
 		time.Sleep(d / 3)
 		if isSet(t, plain, "k") {
 			t.Fatal("the command ran before its delayed send")
@@ -105,8 +190,8 @@ func TestKinds(t *testing.T) {
 		}
 	})
 	t.Run("delay-reply", func(t *testing.T) {
-		_, rdb, plain, sha := setup(t, rule(faults.DelayReply))
-		res := call(rdb, sha, "k")
+		_, c, plain, sha := setup(t, drv, rule(faults.DelayReply))
+		res := call(c, sha, "k")
 		deadline := time.Now().Add(d / 2)
 		for !isSet(t, plain, "k") {
 			if time.Now().After(deadline) {
@@ -124,8 +209,8 @@ func TestKinds(t *testing.T) {
 		}
 	})
 	t.Run("lose-reply", func(t *testing.T) {
-		_, rdb, plain, sha := setup(t, rule(faults.LoseReply))
-		r := <-call(rdb, sha, "k")
+		_, c, plain, sha := setup(t, drv, rule(faults.LoseReply))
+		r := <-call(c, sha, "k")
 		var ne net.Error
 		if r.err == nil || !errors.As(r.err, &ne) || !ne.Timeout() || !errors.Is(r.err, os.ErrDeadlineExceeded) || r.at < d {
 			t.Fatalf("lost reply: %v %v after %v, want an i/o timeout after %v", r.v, r.err, r.at, d)
@@ -135,8 +220,8 @@ func TestKinds(t *testing.T) {
 		}
 	})
 	t.Run("fail-send", func(t *testing.T) {
-		_, rdb, plain, sha := setup(t, rule(faults.FailSend))
-		if r := <-call(rdb, sha, "k"); r.err == nil || !errors.Is(r.err, faults.ErrNotSent) {
+		_, c, plain, sha := setup(t, drv, rule(faults.FailSend))
+		if r := <-call(c, sha, "k"); r.err == nil || !errors.Is(r.err, faults.ErrNotSent) {
 			t.Fatalf("failed send: %v %v", r.v, r.err)
 		}
 		if isSet(t, plain, "k") {
@@ -145,11 +230,11 @@ func TestKinds(t *testing.T) {
 	})
 	t.Run("cut", func(t *testing.T) {
 		noRetry := func(o *redis.Options) { o.MaxRetries = -1 }
-		in, rdb, plain, sha := setupWith(t, noRetry, faults.Rule{Script: "set", Kind: faults.Cut, Calls: []int{2}})
-		if r := <-call(rdb, sha, "k0"); r.err != nil {
+		in, c, plain, sha := setupWith(t, drv, noRetry, faults.Rule{Script: "set", Kind: faults.Cut, Calls: []int{2}})
+		if r := <-call(c, sha, "k0"); r.err != nil {
 			t.Fatal(r.err)
 		}
-		r := <-call(rdb, sha, "k")
+		r := <-call(c, sha, "k")
 		if r.err == nil || !strings.Contains(r.err.Error(), "closed") {
 			t.Fatalf("cut: %v %v, want a closed-connection error", r.v, r.err)
 		}
@@ -159,27 +244,31 @@ func TestKinds(t *testing.T) {
 		if in.Stats()["cut-missed"] != 0 {
 			t.Fatal("the cut missed its command")
 		}
-		if r := <-call(rdb, sha, "k2"); r.err != nil {
+		if r := <-call(c, sha, "k2"); r.err != nil {
 			t.Fatalf("the next call after a cut: %v", r.err)
 		}
 	})
 	t.Run("delay-write", func(t *testing.T) {
 		// The caller's ctx ends while the write is held back: the command
-		// runs late all the same, and its reply still comes back.
-		in, rdb, plain, sha := setup(t, rule(faults.DelayWrite))
-		ctx, cancel := context.WithTimeout(context.Background(), d/3)
+		// runs late all the same. go-redis still reads its reply; rueidis
+		// gives the caller up at its ctx's end (dlock's rueidis driver
+		// sends its calls under no cancellation, and waits aside). The ctx
+		// has no deadline: rueidis makes a ctx's deadline the socket's
+		// when it writes a lone command itself, as go-redis does with its
+		// WriteTimeout, and a write held past it fails.
+		in, c, plain, sha := setup(t, drv, rule(faults.DelayWrite))
+		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		res := make(chan result, 1)
-		start := time.Now()
-		go func() {
-			v, err := rdb.EvalSha(ctx, sha, []string{"k"}, "v").Result()
-			res <- result{v, err, time.Since(start)}
-		}()
+		time.AfterFunc(d/3, cancel)
+		res := callCtx(ctx, c, sha, "k")
 		<-ctx.Done()
 		if isSet(t, plain, "k") {
 			t.Fatal("the command ran before its held-back write")
 		}
-		if r := <-res; r.err != nil || r.v != int64(1) || r.at < d || !isSet(t, plain, "k") {
+		r := <-res
+		if drv == "rueidis" && errors.Is(r.err, context.Canceled) {
+			waitSet(t, plain, "k", 2*d)
+		} else if r.err != nil || r.v != int64(1) || r.at < d || !isSet(t, plain, "k") {
 			t.Fatalf("after a held-back write: %v %v after %v, set=%v", r.v, r.err, r.at, isSet(t, plain, "k"))
 		}
 		if in.Stats()["cut-missed"] != 0 {
@@ -187,76 +276,81 @@ func TestKinds(t *testing.T) {
 		}
 	})
 	t.Run("delay-send-ctx-ended", func(t *testing.T) {
-		// Why DelayWrite exists: go-redis does not send a command whose
-		// ctx ended before it took a connection.
-		_, rdb, plain, sha := setup(t, rule(faults.DelaySend))
+		// Why DelayWrite exists: neither client sends a command whose ctx
+		// ended before it was written.
+		_, c, plain, sha := setup(t, drv, rule(faults.DelaySend))
 		ctx, cancel := context.WithTimeout(context.Background(), d/3)
 		defer cancel()
-		if err := rdb.EvalSha(ctx, sha, []string{"k"}, "v").Err(); !errors.Is(err, context.DeadlineExceeded) {
+		if _, err := c.set(ctx, sha, "k"); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("a delayed send after its ctx ended: %v, want context.DeadlineExceeded", err)
 		}
 		if isSet(t, plain, "k") {
 			t.Fatal("a command sent after its ctx ended ran")
 		}
 	})
-	t.Run("cut-retried", func(t *testing.T) {
-		// go-redis (MaxRetries 3 by default) sends a command again on a new
-		// connection when its connection breaks: Redis runs it twice.
-		_, rdb, _, _ := setup(t, faults.Rule{Script: "incr", Kind: faults.Cut, P: 1, Limit: 1})
-		n, err := rdb.Eval(context.Background(), incrScript, []string{"n"}).Int()
-		if err != nil || n != 2 {
-			t.Fatalf("a cut call retried by go-redis: %d %v, want 2 runs", n, err)
+	if drv == "go-redis" {
+		t.Run("cut-retried", func(t *testing.T) {
+			// go-redis (MaxRetries 3 by default) sends a command again on a
+			// new connection when its connection breaks: Redis runs it
+			// twice. (rueidis resends no EVAL or EVALSHA.)
+			_, c, _, _ := setup(t, drv, faults.Rule{Script: "incr", Kind: faults.Cut, P: 1, Limit: 1})
+			n, err := c.(goredisClient).Eval(context.Background(), incrScript, []string{"n"}).Int()
+			if err != nil || n != 2 {
+				t.Fatalf("a cut call retried by go-redis: %d %v, want 2 runs", n, err)
+			}
+		})
+	}
+}
+
+// waitSet waits, at most d, for key to be set.
+func waitSet(t *testing.T, plain *redis.Client, key string, d time.Duration) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for !isSet(t, plain, key) {
+		if time.Now().After(end) {
+			t.Fatalf("%s is not set %v later", key, d)
 		}
-	})
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // A fault on a pipeline applies to the whole batch; the watchdog's
-// Pipelined renewals are batches, and so are the autopipeliner's.
+// Pipelined renewals are batches, and so are the autopipeliner's, and
+// rueidis's DoMulti.
 func TestBatches(t *testing.T) {
 	ctx := context.Background()
-	t.Run("pipelined-lose-reply", func(t *testing.T) {
-		_, rdb, plain, sha := setup(t, faults.Rule{Script: "set", Via: faults.Batch, Kind: faults.LoseReply, P: 1})
-		cmds, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			p.EvalSha(ctx, sha, []string{"a"}, "1")
-			p.Get(ctx, "nothing")
-			p.EvalSha(ctx, sha, []string{"b"}, "2")
-			return nil
-		})
-		if err == nil {
-			t.Fatal("a batch whose replies were lost succeeded")
-		}
-		for _, c := range cmds {
-			if !errors.Is(c.Err(), faults.ErrReplyLost) {
-				t.Fatalf("%v: %v, want the lost reply", c.Args(), c.Err())
+	eachDriver(t, func(t *testing.T, drv string) {
+		t.Run("lose-reply", func(t *testing.T) {
+			_, c, plain, sha := setup(t, drv, faults.Rule{Script: "set", Via: faults.Batch, Kind: faults.LoseReply, P: 1})
+			for i, err := range c.batch(ctx, sha, "a", "b") {
+				if !errors.Is(err, faults.ErrReplyLost) {
+					t.Fatalf("command %d: %v, want the lost reply", i, err)
+				}
 			}
-		}
-		if !isSet(t, plain, "a") || !isSet(t, plain, "b") {
-			t.Fatal("a batch whose replies were lost did not run")
-		}
-		// Single calls do not match a Batch rule.
-		if r := <-call(rdb, sha, "c"); r.err != nil {
-			t.Fatal(r.err)
-		}
+			if !isSet(t, plain, "a") || !isSet(t, plain, "b") {
+				t.Fatal("a batch whose replies were lost did not run")
+			}
+			// Single calls do not match a Batch rule.
+			if r := <-call(c, sha, "c"); r.err != nil {
+				t.Fatal(r.err)
+			}
+		})
+		t.Run("cut", func(t *testing.T) {
+			noRetry := func(o *redis.Options) { o.MaxRetries = -1 }
+			_, c, plain, sha := setupWith(t, drv, noRetry, faults.Rule{Script: "set", Via: faults.Batch, Kind: faults.Cut, P: 1})
+			if errs := c.batch(ctx, sha, "a", "b"); errs[1] == nil || errs[2] == nil {
+				t.Fatalf("a cut batch succeeded: %v", errs)
+			}
+			if !isSet(t, plain, "a") || !isSet(t, plain, "b") {
+				t.Fatal("the cut batch did not run")
+			}
+		})
 	})
-	t.Run("pipeline-cut", func(t *testing.T) {
-		noRetry := func(o *redis.Options) { o.MaxRetries = -1 }
-		_, rdb, plain, sha := setupWith(t, noRetry, faults.Rule{Script: "set", Via: faults.Batch, Kind: faults.Cut, P: 1})
-		p := rdb.Pipeline()
-		p.Exists(ctx, "a")
-		p.EvalSha(ctx, sha, []string{"a"}, "1")
-		p.EvalSha(ctx, sha, []string{"b"}, "2")
-		if _, err := p.Exec(ctx); err == nil {
-			t.Fatal("a cut batch succeeded")
-		}
-		if !isSet(t, plain, "a") || !isSet(t, plain, "b") {
-			t.Fatal("the cut batch did not run")
-		}
-	})
-	t.Run("async-autopipeline", func(t *testing.T) {
+	t.Run("go-redis/async-autopipeline", func(t *testing.T) {
 		// The autopipeliner runs a batch of one through ProcessHook (a
 		// single command), a bigger batch through ProcessPipelineHook.
-		in, rdb, plain, sha := setup(t, faults.Rule{Script: "set", Kind: faults.LoseReply, P: 1})
-		ap, err := rdb.AsyncAutoPipeline()
+		in, c, plain, sha := setup(t, "go-redis", faults.Rule{Script: "set", Kind: faults.LoseReply, P: 1})
+		ap, err := c.(goredisClient).AsyncAutoPipeline()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,7 +372,7 @@ func TestBatches(t *testing.T) {
 // Calls picks exact calls; Limit caps a rule; a disabled Injector injects
 // nothing; InFlight sees a call held by a delay; delays are capped.
 func TestExactCalls(t *testing.T) {
-	in, rdb, plain, sha := setup(t,
+	in, c, plain, sha := setup(t, "go-redis",
 		faults.Rule{Script: "set", Kind: faults.FailSend, Calls: []int{2}},
 		faults.Rule{Script: "set", Kind: faults.DelaySend, Calls: []int{4}, Min: time.Hour, Max: time.Hour},
 		faults.Rule{Script: "set", Kind: faults.FailSend, P: 1, Limit: 1},
@@ -287,8 +381,8 @@ func TestExactCalls(t *testing.T) {
 	for i, ok := range want {
 		key := "k" + string(rune('0'+i))
 		if i == 3 {
-			res := call(rdb, sha, key)
-			if !in.WaitInFlight(time.Second, func(c faults.Call) bool { return c.Script == "set" && c.Has(key) }) {
+			res := call(c, sha, key)
+			if !in.WaitInFlight(time.Second, func(f faults.Call) bool { return f.Script == "set" && f.Has(key) }) {
 				t.Fatal("the delayed call is not in flight")
 			}
 			if r := <-res; r.err != nil || r.at > 3*time.Second {
@@ -296,7 +390,7 @@ func TestExactCalls(t *testing.T) {
 			}
 			continue
 		}
-		r := <-call(rdb, sha, key)
+		r := <-call(c, sha, key)
 		if (r.err == nil) != ok || isSet(t, plain, key) != ok {
 			t.Fatalf("call %d: %v, set=%v, want ok=%v", i+1, r.err, isSet(t, plain, key), ok)
 		}
@@ -304,8 +398,8 @@ func TestExactCalls(t *testing.T) {
 	in.SetEnabled(false)
 	in2 := faults.New(faults.Config{Scripts: scripts(), Rules: []faults.Rule{{Kind: faults.FailSend, P: 1}}})
 	in2.SetEnabled(false)
-	rdb.AddHook(in2)
-	if r := <-call(rdb, sha, "off"); r.err != nil {
+	c.(goredisClient).AddHook(in2)
+	if r := <-call(c, sha, "off"); r.err != nil {
 		t.Fatalf("disabled injectors: %v", r.err)
 	}
 	if n := len(in.Events(nil)); n != 3 {
@@ -316,10 +410,10 @@ func TestExactCalls(t *testing.T) {
 // A rule with Match applies to the calls it accepts only, and counts only
 // those: its second accepted call is the fourth call.
 func TestMatch(t *testing.T) {
-	_, rdb, plain, sha := setup(t, faults.Rule{Script: "set", Kind: faults.FailSend, Calls: []int{2},
-		Match: func(c faults.Call) bool { return strings.HasPrefix(c.Keys[0], "yes") }})
+	_, c, plain, sha := setup(t, "go-redis", faults.Rule{Script: "set", Kind: faults.FailSend, Calls: []int{2},
+		Match: func(f faults.Call) bool { return strings.HasPrefix(f.Keys[0], "yes") }})
 	for i, key := range []string{"yes1", "no2", "no3", "yes4", "yes5"} {
-		r := <-call(rdb, sha, key)
+		r := <-call(c, sha, key)
 		if want := key != "yes4"; (r.err == nil) != want || isSet(t, plain, key) != want {
 			t.Fatalf("call %d (%s): %v, set=%v, want ok=%v", i+1, key, r.err, isSet(t, plain, key), want)
 		}
@@ -391,7 +485,8 @@ func TestEngineScripts(t *testing.T) {
 	}
 }
 
-// TestSubFaults: each subscription fault does at the server what it says.
+// TestSubFaults: each subscription fault does at the server what it says,
+// over either driver.
 func TestSubFaults(t *testing.T) {
 	s := redistest.Start(t)
 	plain := s.Client(t)
@@ -405,76 +500,140 @@ func TestSubFaults(t *testing.T) {
 		}
 		return n[ch]
 	}
-	subscribe := func(t *testing.T, sub faults.SubFaults, ch string) (*faults.Injector, *redis.PubSub, error) {
-		in := faults.New(faults.Config{Seed: 1, Scripts: scripts(), Sub: sub})
-		rdb := s.Client(t)
-		rdb.AddHook(in)
-		ps := rdb.SSubscribe(ctx)
-		t.Cleanup(func() { _ = ps.Close() })
-		if err := ps.SSubscribe(ctx, ch); err != nil {
+	eachDriver(t, func(t *testing.T, drv string) {
+		ch := func(name string) string { return drv + ":" + name }
+		subscribe := func(t *testing.T, sub faults.SubFaults, ch string) (*faults.Injector, subscription, error) {
+			in := faults.New(faults.Config{Seed: 1, Scripts: scripts(), Sub: sub})
+			ps, err := newClient(t, s, drv, in, nil).subscribe(t, ctx, ch)
 			return in, ps, err
 		}
-		_, err := ps.ReceiveTimeout(ctx, 2*time.Second)
-		return in, ps, err
-	}
-	t.Run("none", func(t *testing.T) {
-		in, _, err := subscribe(t, faults.SubFaults{}, "c0")
-		if err != nil || subscribers("c0") != 1 || in.Summary() != "" {
-			t.Fatalf("err %v, %d subscribers, faults %q: want nil, 1, none", err, subscribers("c0"), in.Summary())
-		}
-	})
-	t.Run("refuse", func(t *testing.T) {
-		in, _, err := subscribe(t, faults.SubFaults{Refuse: 1}, "c1")
-		var rerr redis.Error
-		if !errors.As(err, &rerr) || !strings.Contains(err.Error(), "unknown command") {
-			t.Fatalf("confirmation: %v, want the server's unknown command error", err)
-		}
-		if n := subscribers("c1"); n != 0 || in.Stats()["sub refuse"] != 1 {
-			t.Fatalf("%d subscribers, faults %q: want 0 and one refusal", n, in.Summary())
-		}
-	})
-	t.Run("drop", func(t *testing.T) {
-		in, _, err := subscribe(t, faults.SubFaults{Drop: 1}, "c2")
-		if err == nil || in.Stats()["sub drop"] < 1 {
-			t.Fatalf("confirmation: %v, faults %q: want an error from a closed connection", err, in.Summary())
-		}
-		waitZero := time.Now().Add(5 * time.Second)
-		for subscribers("c2") != 0 && time.Now().Before(waitZero) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if n := subscribers("c2"); n != 0 {
-			t.Fatalf("%d subscribers after the drop, want 0", n)
-		}
-	})
-	t.Run("delay", func(t *testing.T) {
-		start := time.Now()
-		in, _, err := subscribe(t, faults.SubFaults{Delay: 1, MaxDelay: 300 * time.Millisecond}, "c3")
-		took := time.Since(start)
-		ev := in.Events(nil)
-		if err != nil || len(ev) != 1 || took < ev[0].Delay {
-			t.Fatalf("err %v, events %v, confirmed after %v: want one delay no longer than that", err, ev, took)
-		}
-	})
-	t.Run("unsubscribe", func(t *testing.T) {
-		_, ps, err := subscribe(t, faults.SubFaults{Unsubscribe: 1}, "c4")
-		if err != nil || subscribers("c4") != 1 {
-			t.Fatalf("err %v, %d subscribers: the SSUBSCRIBE itself must pass", err, subscribers("c4"))
-		}
-		if err := ps.Ping(ctx); err != nil { // the next write carries the unsubscribe
-			t.Fatal(err)
-		}
-		var got []string
-		for range 2 {
-			msg, err := ps.ReceiveTimeout(ctx, 2*time.Second)
-			if err != nil {
+		t.Run("none", func(t *testing.T) {
+			in, _, err := subscribe(t, faults.SubFaults{}, ch("c0"))
+			if err != nil || subscribers(ch("c0")) != 1 || in.Summary() != "" {
+				t.Fatalf("err %v, %d subscribers, faults %q: want nil, 1, none", err, subscribers(ch("c0")), in.Summary())
+			}
+		})
+		t.Run("refuse", func(t *testing.T) {
+			in, _, err := subscribe(t, faults.SubFaults{Refuse: 1}, ch("c1"))
+			var rerr redis.Error
+			_, isRueidis := rueidis.IsRedisErr(err)
+			if !errors.As(err, &rerr) && !isRueidis || !strings.Contains(err.Error(), "unknown command") {
+				t.Fatalf("confirmation: %v, want the server's unknown command error", err)
+			}
+			if n := subscribers(ch("c1")); n != 0 || in.Stats()["sub refuse"] != 1 {
+				t.Fatalf("%d subscribers, faults %q: want 0 and one refusal", n, in.Summary())
+			}
+		})
+		t.Run("drop", func(t *testing.T) {
+			in, _, err := subscribe(t, faults.SubFaults{Drop: 1}, ch("c2"))
+			if err == nil || in.Stats()["sub drop"] < 1 {
+				t.Fatalf("confirmation: %v, faults %q: want an error from a closed connection", err, in.Summary())
+			}
+			waitZero := time.Now().Add(5 * time.Second)
+			for subscribers(ch("c2")) != 0 && time.Now().Before(waitZero) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n := subscribers(ch("c2")); n != 0 {
+				t.Fatalf("%d subscribers after the drop, want 0", n)
+			}
+		})
+		t.Run("delay", func(t *testing.T) {
+			start := time.Now()
+			in, _, err := subscribe(t, faults.SubFaults{Delay: 1, MaxDelay: 300 * time.Millisecond}, ch("c3"))
+			took := time.Since(start)
+			ev := in.Events(nil)
+			if err != nil || len(ev) != 1 || took < ev[0].Delay {
+				t.Fatalf("err %v, events %v, confirmed after %v: want one delay no longer than that", err, ev, took)
+			}
+		})
+		t.Run("unsubscribe", func(t *testing.T) {
+			_, ps, err := subscribe(t, faults.SubFaults{Unsubscribe: 1}, ch("c4"))
+			if err != nil || subscribers(ch("c4")) != 1 {
+				t.Fatalf("err %v, %d subscribers: the SSUBSCRIBE itself must pass", err, subscribers(ch("c4")))
+			}
+			if err := ps.ping(ctx); err != nil { // the next write carries the unsubscribe
 				t.Fatal(err)
 			}
-			if sub, ok := msg.(*redis.Subscription); ok {
-				got = append(got, sub.Kind+" "+sub.Channel)
+			var got []string
+			for range 2 { // the PONG may come first
+				ev, err := ps.next(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got = append(got, ev); ev == "sunsubscribe "+ch("c4") {
+					break
+				}
 			}
-		}
-		if !slices.Contains(got, "sunsubscribe c4") || subscribers("c4") != 0 {
-			t.Fatalf("heard %q, %d subscribers: want the server's sunsubscribe c4 and none left", got, subscribers("c4"))
-		}
+			if !slices.Contains(got, "sunsubscribe "+ch("c4")) || subscribers(ch("c4")) != 0 {
+				t.Fatalf("heard %q, %d subscribers: want the server's sunsubscribe and none left", got, subscribers(ch("c4")))
+			}
+		})
 	})
+}
+
+// subscription is one sharded subscription of a driver's.
+type subscription interface {
+	ping(ctx context.Context) error
+	// next waits (2s at most) for the next thing heard: a subscription
+	// event as "KIND CHANNEL", or "" for something else.
+	next(ctx context.Context) (string, error)
+}
+
+func (c goredisClient) subscribe(t *testing.T, ctx context.Context, ch string) (subscription, error) {
+	ps := c.SSubscribe(ctx)
+	t.Cleanup(func() { _ = ps.Close() })
+	if err := ps.SSubscribe(ctx, ch); err != nil {
+		return goredisSub{ps}, err
+	}
+	_, err := goredisSub{ps}.next(ctx)
+	return goredisSub{ps}, err
+}
+
+type goredisSub struct{ ps *redis.PubSub }
+
+func (s goredisSub) ping(ctx context.Context) error { return s.ps.Ping(ctx) }
+
+func (s goredisSub) next(ctx context.Context) (string, error) {
+	msg, err := s.ps.ReceiveTimeout(ctx, 2*time.Second)
+	if sub, ok := msg.(*redis.Subscription); ok {
+		return sub.Kind + " " + sub.Channel, err
+	}
+	return "", err
+}
+
+// subscribe subscribes on a dedicated connection with pub/sub hooks, as
+// dlock's rueidis driver does.
+func (c rueidisClient) subscribe(t *testing.T, ctx context.Context, ch string) (subscription, error) {
+	dc, cancel := c.Dedicate()
+	t.Cleanup(func() { dc.Close(); cancel() })
+	s := rueidisSub{dc: dc, events: make(chan string, 16)}
+	s.lost = dc.SetPubSubHooks(rueidis.PubSubHooks{OnSubscription: func(m rueidis.PubSubSubscription) {
+		s.events <- m.Kind + " " + m.Channel
+	}})
+	if err := dc.Do(ctx, dc.B().Ssubscribe().Channel(ch).Build()).Error(); err != nil {
+		return s, err
+	}
+	_, err := s.next(ctx)
+	return s, err
+}
+
+type rueidisSub struct {
+	dc     rueidis.DedicatedClient
+	events chan string
+	lost   <-chan error
+}
+
+func (s rueidisSub) ping(ctx context.Context) error {
+	return s.dc.Do(ctx, s.dc.B().Ping().Build()).Error()
+}
+
+func (s rueidisSub) next(ctx context.Context) (string, error) {
+	select {
+	case ev := <-s.events:
+		return ev, nil
+	case err := <-s.lost:
+		return "", fmt.Errorf("connection lost: %v", err)
+	case <-time.After(2 * time.Second):
+		return "", errors.New("nothing heard in 2s")
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -42,27 +43,27 @@ var _ redis.Hook = (*Injector)(nil)
 // the one a command is written to, and DelayWrite hold its write back.
 func (in *Injector) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := next(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &faultConn{Conn: conn, in: in}, nil
+		return in.wrapConn(next(ctx, network, addr))
 	}
+}
+
+// wrapConn wraps a connection just dialed (none if err).
+func (in *Injector) wrapConn(conn net.Conn, err error) (net.Conn, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &faultConn{Conn: conn, in: in}, nil
 }
 
 // ProcessHook injects faults into single script calls.
 func (in *Injector) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		c, ok := in.scripts.classify(cmd.Args(), Single)
+		c, ok := in.scripts.classify(goLine{cmd}, Single)
 		if !ok {
 			return next(ctx, cmd)
 		}
-		calls := []Call{c}
-		id := in.enter(calls)
-		defer in.leave(id, 1)
-		kind, d := in.decide(calls, 1)
 		cmds := []redis.Cmder{cmd}
-		return in.apply(kind, d, cmds, cmd, func() error { return next(ctx, cmd) })
+		return in.inject([]Call{c}, 1, goLine{cmd}, func() error { return next(ctx, cmd) }, setErr(cmds))
 	}
 }
 
@@ -73,7 +74,7 @@ func (in *Injector) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		var calls []Call
 		var first redis.Cmder
 		for _, cmd := range cmds {
-			if c, ok := in.scripts.classify(cmd.Args(), Batch); ok {
+			if c, ok := in.scripts.classify(goLine{cmd}, Batch); ok {
 				calls = append(calls, c)
 				if first == nil {
 					first = cmd
@@ -83,17 +84,27 @@ func (in *Injector) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		if len(calls) == 0 {
 			return next(ctx, cmds)
 		}
-		id := in.enter(calls)
-		defer in.leave(id, len(calls))
-		kind, d := in.decide(calls, len(cmds))
-		return in.apply(kind, d, cmds, first, func() error { return next(ctx, cmds) })
+		return in.inject(calls, len(cmds), goLine{first}, func() error { return next(ctx, cmds) }, setErr(cmds))
 	}
 }
 
-// apply runs send (the rest of the hook chain: writing the commands and
-// reading their replies) with the fault. Delays do not end early with the
-// caller's ctx: a command on the wire does not know its caller gave up.
-func (in *Injector) apply(kind Kind, d time.Duration, cmds []redis.Cmder, sig redis.Cmder, send func() error) error {
+// goLine is a go-redis command's line.
+type goLine struct{ cmd redis.Cmder }
+
+func (l goLine) Len() int         { return len(l.cmd.Args()) }
+func (l goLine) Arg(i int) string { return str(l.cmd.Args()[i]) }
+
+// inject runs one command, or a batch of n, that holds the script calls
+// calls, with the fault the rules decide, for both drivers: send sends it
+// (the rest of the client's path: writing the commands and reading their
+// replies), fail makes err every command's result, and sig is the first
+// script call's command line, which Cut and DelayWrite look for in the
+// connection's writes. Delays do not end early with the caller's ctx: a
+// command on the wire does not know its caller gave up.
+func (in *Injector) inject(calls []Call, n int, sig line, send func() error, fail func(error)) error {
+	id := in.enter(calls)
+	defer in.leave(id, len(calls))
+	kind, d := in.decide(calls, n)
 	switch kind {
 	case DelaySend:
 		time.Sleep(d)
@@ -105,14 +116,14 @@ func (in *Injector) apply(kind Kind, d time.Duration, cmds []redis.Cmder, sig re
 	case LoseReply:
 		_ = send()
 		time.Sleep(d)
-		setErr(cmds, ErrReplyLost)
+		fail(ErrReplyLost)
 		return ErrReplyLost
 	case FailSend:
 		time.Sleep(d)
-		setErr(cmds, ErrNotSent)
+		fail(ErrNotSent)
 		return ErrNotSent
 	case Cut, DelayWrite:
-		id := in.arm(resp(sig.Args()), kind == Cut, d)
+		id := in.arm(resp(sig), kind == Cut, d)
 		err := send()
 		if !in.disarm(id) {
 			in.count("cut-missed", 1)
@@ -122,9 +133,11 @@ func (in *Injector) apply(kind Kind, d time.Duration, cmds []redis.Cmder, sig re
 	return send()
 }
 
-func setErr(cmds []redis.Cmder, err error) {
-	for _, c := range cmds {
-		c.SetErr(err)
+func setErr(cmds []redis.Cmder) func(error) {
+	return func(err error) {
+		for _, c := range cmds {
+			c.SetErr(err)
+		}
 	}
 }
 
@@ -176,7 +189,8 @@ type faultConn struct {
 	net.Conn
 	in *Injector
 
-	subs []string // channels this connection subscribed (a PubSub's: written by one goroutine)
+	subs []string    // channels this connection subscribed (a PubSub's: written by one goroutine)
+	cut  atomic.Bool // closed by a Cut or a Drop: nothing read from here on is the client's
 }
 
 func (c *faultConn) Write(b []byte) (int, error) {
@@ -193,9 +207,31 @@ func (c *faultConn) Write(b []byte) (int, error) {
 		return c.Conn.Write(b)
 	}
 	time.Sleep(hold)
-	n, err := c.Conn.Write(b)
+	return c.write(b, b, cut)
+}
+
+// write writes out for b (len(b) bytes written), then, with cut, closes
+// the connection.
+func (c *faultConn) write(b, out []byte, cut bool) (int, error) {
+	if cut {
+		c.cut.Store(true)
+	}
+	if _, err := c.Conn.Write(out); err != nil {
+		return 0, err
+	}
 	if cut {
 		_ = c.Conn.Close()
+	}
+	return len(b), nil
+}
+
+// Read fails once the connection is cut, even with a reply read before it
+// closed: a client that reads while it writes (rueidis) would otherwise
+// hear the reply of a command written just before the close now and then.
+func (c *faultConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.cut.Load() {
+		return 0, &net.OpError{Op: "read", Net: "tcp", Err: net.ErrClosed}
 	}
 	return n, err
 }
@@ -219,11 +255,5 @@ func (c *faultConn) writeSub(b []byte) (int, error) {
 		out = append(slices.Clone(out), sunsubscribe(f.unsub)...)
 		c.subs = slices.DeleteFunc(c.subs, func(s string) bool { return s == f.unsub })
 	}
-	if _, err := c.Conn.Write(out); err != nil {
-		return 0, err
-	}
-	if f.drop {
-		_ = c.Conn.Close()
-	}
-	return len(b), nil
+	return c.write(b, out, f.drop)
 }

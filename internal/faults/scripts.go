@@ -43,32 +43,38 @@ func EngineScripts() *Scripts {
 	return s
 }
 
+// line is one command line as a driver holds it: its arguments, as
+// strings the way the driver writes them.
+type line interface {
+	Len() int
+	Arg(i int) string
+}
+
 // classify names a command, if it is a script call.
-func (s *Scripts) classify(args []any, via Via) (Call, bool) {
-	if len(args) < 3 {
+func (s *Scripts) classify(l line, via Via) (Call, bool) {
+	if l.Len() < 3 {
 		return Call{}, false
 	}
-	cmd := strings.ToLower(str(args[0]))
 	var sha string
-	switch cmd {
+	switch strings.ToLower(l.Arg(0)) {
 	case "evalsha", "evalsha_ro":
-		sha = strings.ToLower(str(args[1]))
+		sha = strings.ToLower(l.Arg(1))
 	case "eval", "eval_ro":
-		sum := sha1.Sum([]byte(str(args[1])))
+		sum := sha1.Sum([]byte(l.Arg(1)))
 		sha = hex.EncodeToString(sum[:])
 	default:
 		return Call{}, false
 	}
-	n, err := strconv.Atoi(str(args[2]))
-	if err != nil || n < 0 || 3+n > len(args) {
+	n, err := strconv.Atoi(l.Arg(2))
+	if err != nil || n < 0 || 3+n > l.Len() {
 		return Call{}, false
 	}
-	c := Call{Via: via, Keys: make([]string, n), Args: make([]string, len(args)-3-n)}
+	c := Call{Via: via, Keys: make([]string, n), Args: make([]string, l.Len()-3-n)}
 	for i := range c.Keys {
-		c.Keys[i] = str(args[3+i])
+		c.Keys[i] = l.Arg(3 + i)
 	}
 	for i := range c.Args {
-		c.Args[i] = str(args[3+n+i])
+		c.Args[i] = l.Arg(3 + n + i)
 	}
 	sn, ok := scriptName{}, false
 	if s != nil {
@@ -128,14 +134,14 @@ func str(v any) string {
 	return fmt.Sprint(v)
 }
 
-// resp is the RESP encoding of a command line, as go-redis writes it.
-func resp(args []any) []byte {
-	b := make([]byte, 0, 64*len(args))
+// resp is the RESP encoding of a command line, as both drivers write it.
+func resp(l line) []byte {
+	b := make([]byte, 0, 64*l.Len())
 	b = append(b, '*')
-	b = strconv.AppendInt(b, int64(len(args)), 10)
+	b = strconv.AppendInt(b, int64(l.Len()), 10)
 	b = append(b, '\r', '\n')
-	for _, a := range args {
-		s := str(a)
+	for i := range l.Len() {
+		s := l.Arg(i)
 		b = append(b, '$')
 		b = strconv.AppendInt(b, int64(len(s)), 10)
 		b = append(b, '\r', '\n')
