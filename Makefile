@@ -36,8 +36,9 @@ vet:
 # passes run at once: the root package's tests mostly wait on TTLs, pauses
 # and failovers (its -race pass keeps under half of one core busy), and
 # every test starts servers of its own on ports no other process holds.
-# The rueidis pass's output follows the first pass's.
-RUEIDIS_PASS = DLOCK_DRIVER=rueidis $(GO) test -count=1 -timeout 20m -skip Quorum .
+# The rueidis pass also runs rueidisdlock's own tests without -race, for
+# its allocation counts. Its output follows the first pass's.
+RUEIDIS_PASS = DLOCK_DRIVER=rueidis $(GO) test -count=1 -timeout 20m -skip Quorum . ./rueidisdlock
 test: redis-server cc vet
 	@log=$$(mktemp); \
 	{ $(RUEIDIS_PASS) >$$log 2>&1; echo $$? >$$log.rc; } & \

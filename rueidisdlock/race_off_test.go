@@ -1,0 +1,5 @@
+//go:build !race
+
+package rueidisdlock
+
+const raceOn = false
