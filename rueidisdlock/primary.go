@@ -31,17 +31,24 @@ var errReplaced = errors.New("rueidisdlock: the primary was replaced (Sentinel) 
 // reply is lost there: an unknown outcome, which the engine resolves by
 // asking the promoted replica again with the same token (or giving the
 // lock back if the caller left). errReplaced makes rueidis's late reply
-// the same: a send and its reply are bracketed by two looks at the
-// primary, and a reply is kept only if both saw the same one.
+// the same: a reply is kept only if the primary the client sends to, as
+// looked at after it came, is the one last seen before it was sent.
 //
 // rueidis moves its primary connection to the promoted replica (what
 // Nodes reports) before it starts closing the old one, so a reply read
 // from the old connection after the switch is seen after the move. What
 // no client can tell is a reply that came before rueidis heard of the
 // switch: a Client cut off from the sentinels with the old primary
-// (docs/SAFETY.md, fault 6). A look that sees the primary before rueidis
-// moves it may also misattribute a reply sent to the promoted replica to
-// the old one: a spurious unknown outcome, resolved as any other.
+// (docs/SAFETY.md, fault 6).
+//
+// A look (Nodes) costs about 300 ns and three allocations, so a send does
+// not look: it takes the primary that the latest look saw, and only the
+// reply is looked after. A call sent after a switch that no look has seen
+// yet (the first calls after one, or after the Client was idle through
+// it) is then taken for one that spans the switch: a spurious unknown
+// outcome, resolved as any other (an acquire or a release is asked again
+// with its token), and the looks that saw the switch make the next calls
+// exact. Only Sentinel clients pay, one look per round trip.
 //
 // A primary is named by its address, so a failover there and back (A to
 // B to A) within one reply would look like no change; gen counts every
@@ -67,14 +74,14 @@ func newWatch(c rueidis.Client) *watch {
 	if c.Mode() != rueidis.ClientModeSentinel {
 		return nil
 	}
-	return &watch{c: c}
+	w := &watch{c: c}
+	w.look() // seen is never nil from here on
+	return w
 }
 
 // look says which primary the client sends to now. Nodes on a Sentinel
 // client is the primary alone (with its replica under SendToReplicas, a
-// replica alone under ReplicaOnly): its addresses, together, name it. It
-// costs about 300 ns and three allocations, twice per round trip, on
-// Sentinel clients only.
+// replica alone under ReplicaOnly): its addresses, together, name it.
 func (w *watch) look() mark {
 	addr := nodesKey(w.c.Nodes())
 	for {
@@ -96,8 +103,19 @@ func (w *watch) moved(m mark) bool {
 	return w != nil && w.look() != m
 }
 
-// start takes the mark a send is checked against (nil w: none).
+// start takes the mark a send is checked against without looking: the
+// primary the latest look saw (nil w: none). Either order of the two
+// loads can only make a mark that a later look finds moved.
 func (w *watch) start() mark {
+	if w == nil {
+		return mark{}
+	}
+	return mark{addr: *w.seen.Load(), gen: w.gen.Load()}
+}
+
+// fresh is start with a look, for what is rarely made and long kept (a
+// subscription connection).
+func (w *watch) fresh() mark {
 	if w == nil {
 		return mark{}
 	}

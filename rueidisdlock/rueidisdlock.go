@@ -38,8 +38,11 @@
 //     is a second holder), so it is an unknown outcome, as a lost reply
 //     is: the engine asks the promoted replica again (an acquire with the
 //     same token). A subscription event that comes once the client moved
-//     drops that subscription connection, and it is made again. Each call
-//     costs two looks at the client's primary (Nodes, about 300 ns each).
+//     drops that subscription connection, and it is made again. Each round
+//     trip costs a look at the client's primary (Nodes: about 300 ns and
+//     three allocations), after its reply; a send takes the primary that
+//     the latest look saw, so the first calls after a switch that no look
+//     had seen are unknown outcomes too, and asked again.
 //   - Subscriptions use RESP3 push on one dedicated connection per server
 //     (per Cluster master), with pub/sub hooks, so that dlock sees every
 //     subscribe confirmed and every unsubscribe the server sends (a Cluster
