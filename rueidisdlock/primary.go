@@ -89,7 +89,9 @@ func (w *watch) look() mark {
 		if s != nil && *s == addr {
 			break
 		}
-		if w.seen.CompareAndSwap(s, &addr) {
+		p := new(string) // allocated only on a change: &addr would move addr to the heap on every look
+		*p = addr
+		if w.seen.CompareAndSwap(s, p) {
 			w.gen.Add(1)
 			break
 		}
