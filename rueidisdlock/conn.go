@@ -18,22 +18,23 @@ type conn struct {
 	slots  *slotMap // on a Cluster: where each slot's master is
 	one    *node    // off Cluster: the one server
 	batch  *batcher // off Cluster: Submit's pipeliner
+	prim   *watch   // on Sentinel: which server is the primary (see watch)
 }
 
 var _ driver.Conn = (*conn)(nil)
 
 func newConn(c rueidis.Client) *conn {
-	k := &conn{c: c}
+	k := &conn{c: c, prim: newWatch(c)}
 	if c.Mode() == rueidis.ClientModeCluster {
 		k.traits.Cluster, k.traits.Slots = true, true
 		k.slots = newSlotMap(c)
 	} else {
-		k.one = &node{c: c}
+		k.one = &node{c: c, prim: k.prim}
 		// Off Cluster every call goes to one server, so a batch waits on
 		// nothing that its calls would not wait on alone. On a Cluster a
 		// DoMulti waits for its slowest master: a paused one would hold
 		// the calls for the others, so calls there stay apart.
-		k.batch = &batcher{c: c}
+		k.batch = &batcher{c: c, prim: k.prim}
 		k.batch.flushFn = k.batch.flush
 		k.traits.Pipelined, k.traits.EagerSubmit = true, true
 	}
@@ -127,14 +128,30 @@ func (k *conn) Do(ctx context.Context, line []any, once bool) (any, error) {
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx) // a ctx that cannot end needs no wrapper (it would cost an allocation)
 	}
-	return reply(k.c.Do(ctx, build(k.c.B(), line)))
+	m := k.prim.start()
+	v, err := reply(k.c.Do(ctx, build(k.c.B(), line)))
+	if k.prim.moved(m) {
+		return nil, errReplaced
+	}
+	return v, err
 }
 
 // Pipe implements driver.Conn. Unlike Do it keeps ctx: dlock takes no late
 // reply from a pipeline (renewals, a contended release), so a reply that
 // ctx cut short is an unknown outcome either way.
 func (k *conn) Pipe(ctx context.Context, lines [][]any, once bool) []driver.Reply {
-	return pipe(ctx, k.c, lines)
+	m := k.prim.start()
+	return replaced(pipe(ctx, k.c, lines), k.prim.moved(m))
+}
+
+// replaced turns every reply of out into errReplaced if moved (see watch).
+func replaced(out []driver.Reply, moved bool) []driver.Reply {
+	if moved {
+		for i := range out {
+			out[i] = driver.Reply{Err: errReplaced}
+		}
+	}
+	return out
 }
 
 func pipe(ctx context.Context, c rueidis.CoreClient, lines [][]any) []driver.Reply {
@@ -208,12 +225,14 @@ func (k *conn) ReloadSlots() {
 type node struct {
 	c    rueidis.Client
 	addr string
+	prim *watch // on Sentinel (see watch)
 }
 
 func (n *node) Addr() string { return n.addr }
 
 func (n *node) Pipe(ctx context.Context, lines [][]any, once bool) []driver.Reply {
 	var out []driver.Reply
+	m := n.prim.start()
 	err := n.c.Dedicated(func(dc rueidis.DedicatedClient) error {
 		out = pipe(context.WithoutCancel(ctx), dc, lines)
 		return nil
@@ -224,10 +243,10 @@ func (n *node) Pipe(ctx context.Context, lines [][]any, once bool) []driver.Repl
 			out[i].Err = cmpErr(err, errors.New("rueidisdlock: no dedicated connection"))
 		}
 	}
-	return out
+	return replaced(out, n.prim.moved(m))
 }
 
-func (n *node) PubSub(ctx context.Context) driver.PubSub { return newPubSub(n.c) }
+func (n *node) PubSub(ctx context.Context) driver.PubSub { return newPubSub(n.c, n.prim) }
 
 func cmpErr(a, b error) error {
 	if a != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock/internal/driver"
@@ -20,6 +21,17 @@ import (
 // in the order the server sent them, as the hub needs.
 type pubsub struct {
 	src rueidis.Client
+
+	// On a Sentinel client: the primary when the connection was made. An
+	// event or reply that comes once rueidis has moved to another primary
+	// may come from the replaced one (a hand-over published there would
+	// hand the lock to us there alone: see watch), so it is dropped and
+	// the connection given up (stale), as go-redis closes its
+	// subscription to the old primary when it learns of the switch; the
+	// hub then subscribes again, on the promoted replica.
+	prim  *watch
+	at    mark
+	stale atomic.Bool
 
 	mu     sync.Mutex
 	dc     rueidis.DedicatedClient // nil until the first command (guarded by mu)
@@ -46,8 +58,25 @@ type item struct {
 
 var errDropped = errors.New("rueidisdlock: subscription connection closed")
 
-func newPubSub(src rueidis.Client) *pubsub {
-	return &pubsub{src: src, ready: make(chan struct{}, 1), dead: make(chan struct{})}
+func newPubSub(src rueidis.Client, prim *watch) *pubsub {
+	return &pubsub{src: src, prim: prim, ready: make(chan struct{}, 1), dead: make(chan struct{})}
+}
+
+// replaced reports whether the primary moved since the connection was
+// made, and then gives the connection up. It may run on rueidis's reader
+// (in a hook), where closing the connection would wait for that reader:
+// the close runs aside.
+func (p *pubsub) replaced() bool {
+	if p.stale.Load() {
+		return true
+	}
+	if !p.prim.moved(p.at) {
+		return false
+	}
+	if p.stale.CompareAndSwap(false, true) {
+		go p.kill(errReplaced)
+	}
+	return true
 }
 
 // conn returns the dedicated connection, made on first use, or nil once
@@ -61,13 +90,22 @@ func (p *pubsub) conn() rueidis.DedicatedClient {
 	default:
 	}
 	if p.dc == nil {
+		// Looked at before Dedicate picks the primary: a switch between
+		// the two shows as a move at the first event (see replaced).
+		p.at = p.prim.fresh()
 		dc, cancel := p.src.Dedicate()
 		p.dc = dc
 		lost := dc.SetPubSubHooks(rueidis.PubSubHooks{
 			OnMessage: func(m rueidis.PubSubMessage) {
+				if p.replaced() {
+					return
+				}
 				p.put(driver.Event{Type: driver.Message, Channel: m.Channel, Payload: m.Message})
 			},
 			OnSubscription: func(s rueidis.PubSubSubscription) {
+				if p.replaced() {
+					return
+				}
 				p.put(driver.Event{Type: driver.Subscription, Kind: s.Kind, Channel: s.Channel})
 			},
 		})
@@ -135,6 +173,10 @@ func (p *pubsub) send(ctx context.Context, cmd func(rueidis.Builder) rueidis.Com
 		return p.err
 	}
 	err := dc.Do(ctx, cmd(dc.B())).Error()
+	if p.replaced() {
+		<-p.dead
+		return p.err
+	}
 	if err == nil {
 		if pong {
 			p.put(driver.Event{Type: driver.Pong})

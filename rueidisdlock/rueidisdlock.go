@@ -30,6 +30,19 @@
 //     ClientOption.ConnLifetime must stay 0 (its default): rueidis resends
 //     any command whose connection it retired by lifetime, whether or not
 //     it ran.
+//   - On Sentinel, rueidis closes its connections to a primary that was
+//     replaced gracefully, still reading their replies for up to a second
+//     each, where go-redis's failover client closes them at once. A reply
+//     awaited while the client moved to another primary may come from the
+//     old one, whose writes the promoted replica never saw (a grant there
+//     is a second holder), so it is an unknown outcome, as a lost reply
+//     is: the engine asks the promoted replica again (an acquire with the
+//     same token). A subscription event that comes once the client moved
+//     drops that subscription connection, and it is made again. Each round
+//     trip costs a look at the client's primary (Nodes: about 300 ns and
+//     three allocations), after its reply; a send takes the primary that
+//     the latest look saw, so the first calls after a switch that no look
+//     had seen are unknown outcomes too, and asked again.
 //   - Subscriptions use RESP3 push on one dedicated connection per server
 //     (per Cluster master), with pub/sub hooks, so that dlock sees every
 //     subscribe confirmed and every unsubscribe the server sends (a Cluster

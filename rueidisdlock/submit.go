@@ -23,6 +23,7 @@ import (
 // waits for a reply go together in the next batch.
 type batcher struct {
 	c       rueidis.Client
+	prim    *watch // on Sentinel: a batch's replies count only if the primary stayed (see watch)
 	mu      sync.Mutex
 	queue   []*pending
 	running int        // flushers started and not yet finished
@@ -122,6 +123,7 @@ func (b *batcher) send(sc *scratch) {
 	ctx := context.Background()
 	var one [1]rueidis.RedisResult
 	var rs []rueidis.RedisResult
+	m := b.prim.start()
 	if len(sc.batch) == 1 {
 		one[0] = b.c.Do(ctx, sc.batch[0].cmd) // DoMulti would allocate its results
 		rs = one[:]
@@ -133,9 +135,13 @@ func (b *batcher) send(sc *scratch) {
 		rs = b.c.DoMulti(ctx, sc.cmds...)
 		clear(sc.cmds)
 	}
+	moved := b.prim.moved(m)
 	for i, p := range sc.batch {
 		sc.batch[i] = nil
 		p.v, p.err = reply(rs[i])
+		if moved {
+			p.v, p.err = nil, errReplaced
+		}
 		if p.state.CompareAndSwap(waiting, answered) {
 			p.done <- struct{}{} // from here p is the caller's
 			continue
