@@ -151,6 +151,8 @@ type Client struct {
 	ps     pubsub
 	fences fenceMemo
 
+	observers watchers // Election.Observe's goroutines, by the channels they hear (election.go)
+
 	mu      sync.Mutex         // guards locals, byToken, late and the waiters in them
 	locals  map[string]*local  // the locks this Client waits for, by lock key
 	byToken map[string]*waiter // waiters in line at Redis, by token (for hand-overs)
