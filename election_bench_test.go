@@ -10,6 +10,30 @@ import (
 	"github.com/dlock-go/dlock/internal/redistest"
 )
 
+// BenchmarkElectionProclaim measures a leader's Proclaim: one script call
+// (the publish that also ends a Campaign), beside a PING round trip.
+//
+//	go test -run '^$' -bench ElectionProclaim -benchtime 2000x -count 3 .
+func BenchmarkElectionProclaim(b *testing.B) {
+	s := redistest.Start(b)
+	rtt := pingMedian(b, s)
+	c, _ := newClient(b, s)
+	ctx := context.Background()
+	e := c.Election("bench-proclaim", dlock.TTL(time.Minute))
+	if _, err := e.Campaign(ctx, "v"); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		if err := e.Proclaim(ctx, "v"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(rtt.Microseconds()), "ping-µs")
+	_ = e.Resign(ctx)
+}
+
 // BenchmarkElectionResign measures a hand-over of leadership: from the
 // leader's Resign call until the candidate waiting in line (another
 // Client) has its Campaign return, elected with its value published; and,
