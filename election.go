@@ -355,11 +355,10 @@ func (e *Election) follow(ctx context.Context, w *watcher, out chan Leader) {
 		}
 		msgs, again := w.take()
 		for _, m := range msgs {
-			if f, n, value, ok := wire.ParseProclaimed(m); ok {
-				v.proclaimed(position{f, n}, Leader{Value: value, Fence: f}, out)
-			} else {
-				again = true
-			}
+			f, n, value, ok := wire.ParseProclaimed(m)
+			// A new term: read it too, for the lock's expiry (a leader that
+			// dies says nothing).
+			again = again || !ok || v.proclaimed(position{f, n}, Leader{Value: value, Fence: f}, out)
 		}
 		c.observers.applied.Add(uint64(len(msgs)))
 		reread = again
@@ -394,13 +393,16 @@ type view struct {
 	sent bool
 }
 
-// proclaimed applies a published value at p.
-func (v *view) proclaimed(p position, l Leader, out chan Leader) {
+// proclaimed applies a published value at p; it reports whether p begins
+// a term that v had not seen.
+func (v *view) proclaimed(p position, l Leader, out chan Leader) (newTerm bool) {
 	if !p.after(v.at) {
-		return // a read already showed this, or later
+		return false // a read already showed this, or later
 	}
+	newTerm = p.fence != v.at.fence
 	v.at = p
 	v.report(l, out)
+	return newTerm
 }
 
 // read applies a read of the election.

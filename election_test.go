@@ -335,6 +335,34 @@ func TestElectionObserveExpiry(t *testing.T) {
 	}
 }
 
+// A leader first heard of by its message (the observer started with nobody
+// leading) that then dies is reported gone too: its lock's expiry is read.
+func TestElectionObserveExpiryOfALeaderHeardOf(t *testing.T) {
+	s := redistest.Start(t)
+	cs, _ := newClients(t, s, 2)
+	ctx := ctxT(t, 20*time.Second)
+	const name = "elect-observe-heard"
+	seen := cs[1].Election(name).Observe(ctx)
+	if got := <-seen; got != (dlock.Leader{}) {
+		t.Fatalf("first report %+v, want the zero Leader", got)
+	}
+	l, err := cs[0].Election(name, dlock.TTL(300*time.Millisecond), dlock.NoRenew()).Campaign(ctx, "brief")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := <-seen; got != (dlock.Leader{Value: "brief", Fence: l.Fence()}) {
+		t.Fatalf("report %+v, want the new leader", got)
+	}
+	select {
+	case got := <-seen:
+		if got != (dlock.Leader{}) {
+			t.Fatalf("report %+v, want the zero Leader once the lock expired", got)
+		}
+	case <-ctx.Done():
+		t.Fatal("the expiry of the leader's lock was never reported")
+	}
+}
+
 // Bad input is refused with ErrInvalidArgument, saying what is wrong.
 func TestElectionBadInput(t *testing.T) {
 	s := redistest.Start(t)
