@@ -419,4 +419,13 @@ func TestElectionBadInput(t *testing.T) {
 	if _, _, err := c.Election("a-sem").Leader(ctx); !errors.Is(err, dlock.ErrForeignKey) {
 		t.Errorf("Leader of a semaphore: %v, want ErrForeignKey", err)
 	}
+	// Quorum mode has no one line across masters.
+	_, rdbs := quorumMasters(t, 3)
+	qe := newQuorum(t, rdbs).Election("q")
+	if _, err := qe.Campaign(ctx, "v"); !errors.Is(err, dlock.ErrInvalidArgument) || !strings.Contains(err.Error(), "quorum") {
+		t.Errorf("Campaign in quorum mode: %v", err)
+	}
+	if _, _, err := qe.Leader(ctx); !errors.Is(err, dlock.ErrInvalidArgument) {
+		t.Errorf("Leader in quorum mode: %v", err)
+	}
 }
