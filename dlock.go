@@ -93,6 +93,13 @@
 // confirmed can still fail itself), and a server clock that jumps forward
 // expires locks early.
 //
+// # Leader election
+//
+// Client.Election makes a Fair mutex into an election: candidates lead one
+// at a time in arrival order, the leader's lease fence is its term, its
+// value is published only while Redis still names it the owner, and
+// Election.Observe follows the leader by notification (see Election).
+//
 // # Quorum mode
 //
 // NewQuorum takes every lock on a majority of independent masters (the
@@ -150,6 +157,8 @@ type Client struct {
 	hub    *hub.Hub
 	ps     pubsub
 	fences fenceMemo
+
+	observers watchers // Election.Observe's goroutines, by the channels they hear (election.go)
 
 	mu      sync.Mutex         // guards locals, byToken, late and the waiters in them
 	locals  map[string]*local  // the locks this Client waits for, by lock key

@@ -130,3 +130,12 @@ func TestObservabilityDocIsExample(t *testing.T) {
 	printed, _, _ = strings.Cut(printed, "```")
 	sameCode(t, "docs/OBSERVABILITY.md's output", printed, strings.ReplaceAll(output, "// ", ""))
 }
+
+// TestElectionReadmeIsExample: the README's leader election is the code of
+// ExampleClient_Election, which go test compiles, runs and checks.
+func TestElectionReadmeIsExample(t *testing.T) {
+	example := funcBody(t, "example_election_test.go", "ExampleClient_Election")
+	example, _, _ = strings.Cut(example, "// Output:")
+	example = strings.ReplaceAll(example, "Addr: addr}", `Addr: "127.0.0.1:6379"}`)
+	sameCode(t, "the README's leader election", codeBlockAfter(t, readFile(t, "README.md"), "## Leader election"), example)
+}

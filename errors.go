@@ -39,6 +39,10 @@ var (
 	// lock is not held), or the extension does not count (the lease keeps
 	// its earlier deadline). The message says how many confirmed.
 	ErrNotReplicated = errors.New("dlock: not replicated")
+	// ErrNoLeader is returned by Election.Leader when nobody leads the
+	// election: no candidate holds it, or the one that was just handed it
+	// has not yet published its value.
+	ErrNoLeader = errors.New("dlock: no leader")
 )
 
 // prefix begins every error message of the package, once: an error that

@@ -83,6 +83,8 @@ func runChild(role string) int {
 	switch {
 	case role == "hold":
 		err = childHold(c, uc, arg)
+	case siteRoles[role] != nil:
+		err = siteRoles[role](c, uc, arg)
 	case !one:
 		err = fmt.Errorf("role %q runs on one server only, not on %s", role, os.Getenv(childAddrEnv))
 	case role == "counter":

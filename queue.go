@@ -380,6 +380,8 @@ func poke(ch chan struct{}) {
 type clientHandler struct{ c *Client }
 
 func (ch clientHandler) Message(channel, payload string) {
+	// An election's observers (election.go) hear it too.
+	ch.c.observers.heard(channel, payload, false)
 	if p := ch.c.parent; p != nil { // a quorum master's: wake the quorum's waiters
 		f, ok := wire.ParseWake(payload)
 		p.released(channel, f, ok)
@@ -395,6 +397,7 @@ func (ch clientHandler) Message(channel, payload string) {
 
 func (ch clientHandler) Gap(channel string) {
 	ch.c.gaps.Add(1)
+	ch.c.observers.heard(channel, "", true)
 	if p := ch.c.parent; p != nil {
 		p.released(channel, 0, false)
 		return

@@ -188,6 +188,17 @@ type runFlags struct {
 	nodeTimeout  time.Duration // --node-timeout (quorum mode)
 	restartDelay time.Duration // --restart-delay (quorum mode)
 	command      []string
+	// cmd names the command in messages: "dlock run" when empty (dlock
+	// elect runs COMMAND with the same code).
+	cmd string
+}
+
+// says is the command's name, which its messages begin with.
+func (f runFlags) says() string {
+	if f.cmd == "" {
+		return "dlock run"
+	}
+	return f.cmd
 }
 
 // waitForever is --wait forever.
@@ -342,7 +353,8 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if f.fair {
 		opts = append(opts, dlock.Fair())
 	}
-	lease, code := acquireForRun(ctx, sigs, srv, client.Mutex(f.name, opts...), f, stderr)
+	m := client.Mutex(f.name, opts...)
+	lease, code := acquireForRun(ctx, sigs, srv, m.Lock, m.TryLock, f, stderr)
 	if lease == nil {
 		return code
 	}
@@ -370,7 +382,9 @@ func checkAckTimeout(rdb redis.UniversalClient, f runFlags) error {
 
 // acquireForRun obtains the lock as --wait says. Without a lease it returns
 // the exit code, having said why on stderr.
-func acquireForRun(ctx context.Context, sigs <-chan os.Signal, srv lockServers, m *dlock.Mutex, f runFlags, stderr io.Writer) (*dlock.Lease, int) {
+//
+// lock waits for the lock; try makes one attempt (nil: --wait is forever).
+func acquireForRun(ctx context.Context, sigs <-chan os.Signal, srv lockServers, lock, try func(context.Context) (*dlock.Lease, error), f runFlags, stderr io.Writer) (*dlock.Lease, int) {
 	lctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var sig os.Signal
@@ -386,16 +400,16 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, srv lockServers, 
 
 	var lease *dlock.Lease
 	var err error
-	if f.wait == waitForever {
-		lease, err = m.Lock(lctx)
+	if f.wait == waitForever || try == nil {
+		lease, err = lock(lctx)
 	} else {
 		// The first attempt is not bounded by --wait, or a --wait shorter
 		// than one round trip would fail even on a free lock.
 		deadline := time.Now().Add(f.wait)
-		lease, err = m.TryLock(lctx)
+		lease, err = try(lctx)
 		if errors.Is(err, dlock.ErrNotObtained) && f.wait > 0 {
 			wctx, wcancel := context.WithDeadline(lctx, deadline)
-			lease, err = m.Lock(wctx)
+			lease, err = lock(wctx)
 			wcancel()
 		}
 	}
@@ -417,10 +431,10 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, srv lockServers, 
 			}
 		}
 		if sig == nil {
-			fmt.Fprintf(stderr, "dlock run: interrupted while waiting for lock %q; COMMAND not run\n", f.name)
+			fmt.Fprintf(stderr, "%s: interrupted while waiting for lock %q; COMMAND not run\n", f.says(), f.name)
 			return nil, exitInterrupted
 		}
-		fmt.Fprintf(stderr, "dlock run: received %s while waiting for lock %q; COMMAND not run\n", sigName(sig), f.name)
+		fmt.Fprintf(stderr, "%s: received %s while waiting for lock %q; COMMAND not run\n", f.says(), sigName(sig), f.name)
 		return nil, dieOf(sig, exitInterrupted)
 	}
 	if err == nil {
@@ -436,34 +450,34 @@ func acquireForRun(ctx context.Context, sigs <-chan os.Signal, srv lockServers, 
 	}
 	switch {
 	case errors.Is(err, dlock.ErrNotObtained):
-		return conflict("dlock run: lock %q is held elsewhere; not obtained (see dlock status %s)\n", f.name, textSafe(f.name))
+		return conflict("%s: lock %q is held elsewhere; not obtained (see dlock status %s)\n", f.says(), f.name, textSafe(f.name))
 	case errors.Is(err, context.DeadlineExceeded):
 		// The library waits through a Redis outage; it must not pass for a
 		// lock held elsewhere (which --conflict-exit-code 0 would hide).
 		if perr := srv.available(ctx, runOutageCheckTimeout); perr != nil {
-			fmt.Fprintf(stderr, "dlock run: %s is unavailable; lock %q not obtained within %v: %v\n", srv.where(), f.name, f.wait, perr)
+			fmt.Fprintf(stderr, "%s: %s is unavailable; lock %q not obtained within %v: %v\n", f.says(), srv.where(), f.name, f.wait, perr)
 			return nil, exitUnavailable
 		}
-		return conflict("dlock run: lock %q is held elsewhere; not obtained within %v (see dlock status %s)\n", f.name, f.wait, textSafe(f.name))
+		return conflict("%s: lock %q is held elsewhere; not obtained within %v (see dlock status %s)\n", f.says(), f.name, f.wait, textSafe(f.name))
 	case errors.Is(err, dlock.ErrInvalidArgument):
-		fmt.Fprintf(stderr, "dlock run: %s (see dlock run -h)\n", libText(err))
+		fmt.Fprintf(stderr, "%s: %s (see %s -h)\n", f.says(), libText(err), f.says())
 		return nil, exitUsage
 	case errors.Is(err, dlock.ErrNotReplicated):
-		fmt.Fprintf(stderr, "dlock run: %s; COMMAND not run\n", libText(err))
+		fmt.Fprintf(stderr, "%s: %s; COMMAND not run\n", f.says(), libText(err))
 		return nil, exitUnavailable
 	case errors.Is(err, dlock.ErrForeignKey):
-		fmt.Fprintf(stderr, "dlock run: lock %q: %s\n", f.name, srv.whatKeyIs(ctx, f.prefix, f.name, aboutLock(err, f.name)))
+		fmt.Fprintf(stderr, "%s: lock %q: %s\n", f.says(), f.name, srv.whatKeyIs(ctx, f.prefix, f.name, aboutLock(err, f.name)))
 		return nil, exitFailed
 	case redisDown(err):
-		fmt.Fprintf(stderr, "dlock run: %s became unavailable while taking lock %q: %s\n", srv.where(), f.name, aboutLock(err, f.name))
+		fmt.Fprintf(stderr, "%s: %s became unavailable while taking lock %q: %s\n", f.says(), srv.where(), f.name, aboutLock(err, f.name))
 		return nil, exitUnavailable
 	case srv.quorum():
 		// Too few masters granted, none of them for another holder: some
 		// do not vote yet, or did not answer in --node-timeout.
-		fmt.Fprintf(stderr, "dlock run: %s could not grant lock %q: %s\n", srv.where(), f.name, aboutLock(err, f.name))
+		fmt.Fprintf(stderr, "%s: %s could not grant lock %q: %s\n", f.says(), srv.where(), f.name, aboutLock(err, f.name))
 		return nil, exitUnavailable
 	default:
-		fmt.Fprintf(stderr, "dlock run: %s\n", libText(err))
+		fmt.Fprintf(stderr, "%s: %s\n", f.says(), libText(err))
 		return nil, exitFailed
 	}
 }
@@ -508,7 +522,7 @@ func superviseRun(ctx context.Context, sigs <-chan os.Signal, lease *dlock.Lease
 	j, err := startJob(f, commandEnv(f, lease), stdout, stderr, tty)
 	if err != nil {
 		restoreTTY()
-		fmt.Fprintf(stderr, "dlock run: cannot start %s: %v\n", f.command[0], err)
+		fmt.Fprintf(stderr, "%s: cannot start %s: %v\n", f.says(), f.command[0], err)
 		sig, _ := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr)
 		return orSignal(exitCannotRun, sig)
 	}
@@ -540,7 +554,7 @@ wait:
 			if f.killGrace == 0 {
 				how = "SIGKILL"
 			}
-			fmt.Fprintf(stderr, "dlock run: lost lock %q (fence %d): %s; stopping COMMAND and what it started (%s)\n",
+			fmt.Fprintf(stderr, "%s: lost lock %q (fence %d): %s; stopping COMMAND and what it started (%s)\n", f.says(),
 				f.name, lease.Fence(), whyLost(context.Cause(lease.Context()), f.name), how)
 		}
 	}
@@ -548,7 +562,7 @@ wait:
 	restoreTTY()
 
 	if res.startCode != 0 {
-		fmt.Fprintf(stderr, "dlock run: cannot run %s: %s\n", f.command[0], res.startErr)
+		fmt.Fprintf(stderr, "%s: cannot run %s: %s\n", f.says(), f.command[0], res.startErr)
 		sig, _ := releaseForRun(ctx, sigs, lease, runReleaseTimeout, f, stderr)
 		return orSignal(res.startCode, sig)
 	}
@@ -566,10 +580,10 @@ wait:
 	case sig != nil:
 		return dieOf(sig, res.code)
 	case errors.Is(err, dlock.ErrLockLost):
-		fmt.Fprintf(stderr, "dlock run: lock %q (fence %d) was lost before COMMAND ended with status %d: %s\n", f.name, lease.Fence(), res.code, whyLost(err, f.name))
+		fmt.Fprintf(stderr, "%s: lock %q (fence %d) was lost before COMMAND ended with status %d: %s\n", f.says(), f.name, lease.Fence(), res.code, whyLost(err, f.name))
 		return exitLeaseLost
 	case err != nil:
-		fmt.Fprintf(stderr, "dlock run: releasing lock %q failed (it expires within %v): %s\n", f.name, f.ttl, aboutLock(err, f.name))
+		fmt.Fprintf(stderr, "%s: releasing lock %q failed (it expires within %v): %s\n", f.says(), f.name, f.ttl, aboutLock(err, f.name))
 	}
 	if res.sig == syscall.SIGINT || res.sig == syscall.SIGTERM || res.sig == syscall.SIGHUP {
 		// COMMAND was interrupted: end the same way, so that a calling
@@ -619,7 +633,7 @@ func releaseForRun(ctx context.Context, sigs <-chan os.Signal, lease *dlock.Leas
 	case err := <-released:
 		return nil, err
 	case sig := <-sigs:
-		fmt.Fprintf(stderr, "dlock run: received %s while releasing lock %q; not waiting (it expires within %v)\n", sigName(sig), f.name, f.ttl)
+		fmt.Fprintf(stderr, "%s: received %s while releasing lock %q; not waiting (it expires within %v)\n", f.says(), sigName(sig), f.name, f.ttl)
 		return sig, nil
 	}
 }

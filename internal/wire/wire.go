@@ -137,6 +137,103 @@ const (
 	FieldInLine     = "w" // "1" while someone may wait in line
 )
 
+// Fields of an election's hash: a Fair mutex's, and the leader's value.
+// The value is the leader's only while FieldOwner is set and
+// FieldValueFence equals FieldFence (see ReadLeader).
+const (
+	FieldValue      = "v"  // the value last published
+	FieldValueFence = "vf" // the fence (term) it was published for
+	FieldValueSeq   = "vn" // how many values were published under the key
+)
+
+// MaxValueLen is the longest election value, in bytes.
+const MaxValueLen = 64 << 10
+
+// CheckValue reports why value cannot be an election value, or nil.
+func CheckValue(value string) error {
+	switch {
+	case value == "":
+		return errors.New("election value is empty")
+	case len(value) > MaxValueLen:
+		return fmt.Errorf("election value is %d bytes, longer than MaxValueLen (%d)", len(value), MaxValueLen)
+	}
+	return nil
+}
+
+// ElectionChannel is the channel on which proclaim.lua publishes every
+// value of the election called name: PREFIX{NAME}:e.
+func ElectionChannel(prefix, name string) string { return HashKey(prefix, name) + SuffixElection }
+
+// SuffixElection makes an election's channel from its lock hash.
+const SuffixElection = ":e"
+
+// LeaderFields are the fields a reader of an election asks for, in the
+// order ReadLeader takes them: HMGET PREFIX{NAME} o f vf v vn k.
+var LeaderFields = []string{FieldOwner, FieldFence, FieldValueFence, FieldValue, FieldValueSeq, FieldKind}
+
+// LeaderState is an election as one HMGET of LeaderFields shows it.
+type LeaderState struct {
+	Exists  bool   // the key exists (it holds a fence)
+	Owned   bool   // someone holds the lock
+	Elected bool   // the holder published its value for its term: Value and Fence are the leader's
+	Fence   uint64 // the last fence granted
+	Seq     uint64 // values published under the key
+	Value   string
+	Kind    string // another primitive's kind (FieldKind), if the key is one
+}
+
+// ReadLeader reads the reply of HMGET key LeaderFields (nil for absent
+// fields), or of leader.lua (the same, then the key's PTTL, which it
+// ignores). ok is false for a reply of another shape.
+func ReadLeader(reply []any) (st LeaderState, ok bool) {
+	if len(reply) < len(LeaderFields) {
+		return st, false
+	}
+	str := func(i int) (string, bool) { s, ok := reply[i].(string); return s, ok }
+	o, owned := str(0)
+	f, exists := str(1)
+	vf, _ := str(2)
+	st.Value, _ = str(3)
+	vn, _ := str(4)
+	st.Kind, _ = str(5)
+	st.Exists, st.Owned = exists, owned && o != ""
+	if exists {
+		var err error
+		if st.Fence, err = strconv.ParseUint(f, 10, 64); err != nil {
+			return st, false
+		}
+	}
+	st.Seq, _ = strconv.ParseUint(vn, 10, 64)
+	st.Elected = st.Owned && exists && vf == f
+	return st, true
+}
+
+// Proclaimed is proclaim.lua's message: "FENCE SEQ VALUE".
+func Proclaimed(fence, seq uint64, value string) string {
+	return strconv.FormatUint(fence, 10) + " " + strconv.FormatUint(seq, 10) + " " + value
+}
+
+// ParseProclaimed reads a Proclaimed message.
+func ParseProclaimed(msg string) (fence, seq uint64, value string, ok bool) {
+	fs, rest, found := strings.Cut(msg, " ")
+	if !found {
+		return 0, 0, "", false
+	}
+	ns, value, found := strings.Cut(rest, " ")
+	f, err1 := strconv.ParseUint(fs, 10, 64)
+	n, err2 := strconv.ParseUint(ns, 10, 64)
+	if !found || err1 != nil || err2 != nil {
+		return 0, 0, "", false
+	}
+	return f, n, value, true
+}
+
+// Replies of proclaim.lua (the first element).
+const (
+	ProclaimDeposed = 0 // not the owner with that fence: nothing changed
+	ProclaimDone    = 1 // published
+)
+
 // Fields of a semaphore's or RWMutex's hash.
 const (
 	FieldKind    = "k"  // KindSemaphore or KindRWMutex; a mutex has none
@@ -318,6 +415,8 @@ var (
 	FairLeave   = load("fair_leave")
 	Sem         = load("sem")
 	ForceUnlock = load("force_unlock")
+	Proclaim    = load("proclaim")
+	Leader      = load("leader")
 
 	QuorumAcquire = load("quorum_acquire", "acquire") // its restart check, then acquire.lua's take without a line
 	QuorumFence   = load("quorum_fence")
@@ -325,5 +424,5 @@ var (
 
 // Scripts lists every script.
 func Scripts() []*Script {
-	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, QuorumAcquire, QuorumFence}
+	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, Proclaim, Leader, QuorumAcquire, QuorumFence}
 }
