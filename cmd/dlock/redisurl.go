@@ -453,7 +453,7 @@ func (t *redisTarget) checkServer(ctx context.Context, rdb redis.UniversalClient
 	case ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)):
 		return &unreachableError{url: t.display, err: t.diagnoseTimeout(ctx)}
 	}
-	return &unreachableError{url: t.display, err: explainTLS(err)}
+	return &unreachableError{url: t.display, err: explainTLS(err, t.tls)}
 }
 
 // isTimeout reports a network timeout (go-redis's read and write timeouts).

@@ -11,8 +11,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
+	"syscall"
 )
 
 // The variables that stand for the TLS flags when they are not given.
@@ -121,7 +123,19 @@ func (f *tlsFiles) apply(targets []*redisTarget) error {
 
 // explainTLS says, for a connection refused on a certificate, what is
 // wrong and which flag fixes it; other errors are returned as they are.
-func explainTLS(err error) error {
+// conf is the target's TLS configuration, nil without TLS.
+func explainTLS(err error, conf *tls.Config) error {
+	if conf != nil && closedAtOnce(err) {
+		// In TLS 1.3 the client's handshake ends before the server has
+		// checked the client's certificate: a server that refuses it
+		// sends an alert and closes, and a client that has meanwhile
+		// written its first command may be reset before it reads the
+		// alert (seen on a loaded 2-core VM).
+		if len(conf.Certificates) == 0 && conf.GetClientCertificate == nil {
+			return fmt.Errorf("the server closed the TLS connection (%w), as a server that asks for a client certificate does when it gets none: give one with --tls-cert FILE --tls-key FILE (or $%s, $%s)", err, envTLSCert, envTLSKey)
+		}
+		return fmt.Errorf("the server closed the TLS connection (%w); if it refused the client certificate, that must be signed by a CA in the server's tls-ca-cert-file", err)
+	}
 	var unknown x509.UnknownAuthorityError
 	var host x509.HostnameError
 	var invalid x509.CertificateInvalidError
@@ -139,4 +153,11 @@ func explainTLS(err error) error {
 		return fmt.Errorf("the server refused the client certificate (%w): it must be signed by a CA in the server's tls-ca-cert-file", err)
 	}
 	return err
+}
+
+// closedAtOnce reports a connection that the server reset or closed
+// without a reply.
+func closedAtOnce(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) ||
+		strings.Contains(err.Error(), "connection reset by peer")
 }

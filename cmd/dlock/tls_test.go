@@ -1,10 +1,14 @@
 package main
 
 import (
+	"crypto/tls"
 	"encoding/json"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/dlock-go/dlock/internal/redistest"
@@ -167,5 +171,33 @@ func TestCLIClusterOverTLS(t *testing.T) {
 	code, _, errOut = dlockTLS(t, append(env, "DLOCK_TLS_CA="), "status", "tls-cluster")
 	if code == 0 || !strings.Contains(errOut, "--tls-ca") {
 		t.Errorf("status without the CA: exit %d, stderr %q; want the --tls-ca hint", code, errOut)
+	}
+}
+
+// TestExplainTLSReset: a TLS connection that the server resets or closes
+// before the client reads its alert (TLS 1.3 checks the client's
+// certificate after the client's handshake has ended) is still explained
+// by the certificate flags, not left as a bare reset.
+func TestExplainTLSReset(t *testing.T) {
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	withCert := &tls.Config{Certificates: []tls.Certificate{{}}}
+	for _, c := range []struct {
+		name string
+		err  error
+		conf *tls.Config
+		want string
+	}{
+		{"reset, no client certificate", reset, &tls.Config{}, "--tls-cert FILE --tls-key FILE"},
+		{"EOF, no client certificate", io.EOF, &tls.Config{}, "asks for a client certificate"},
+		{"reset, a client certificate", reset, withCert, "if it refused the client certificate"},
+		{"reset without TLS", reset, nil, "connection reset by peer"},
+	} {
+		got := explainTLS(c.err, c.conf).Error()
+		if !strings.Contains(got, c.want) {
+			t.Errorf("%s: %q does not say %q", c.name, got, c.want)
+		}
+		if c.conf == nil && got != c.err.Error() {
+			t.Errorf("%s: %q, want the error as it was", c.name, got)
+		}
 	}
 }
