@@ -82,21 +82,28 @@ func newWatch(c rueidis.Client) *watch {
 // look says which primary the client sends to now. Nodes on a Sentinel
 // client is the primary alone (with its replica under SendToReplicas, a
 // replica alone under ReplicaOnly): its addresses, together, name it.
+//
+// seen is loaded before Nodes is read, and replaced only if it is still
+// what was loaded: a look that read the primary before a switch must not
+// record it after a concurrent look recorded the switch, or seen would
+// name the old primary while the client sends to the new one, and the
+// next switch, back to it (a primary and one replica know no other),
+// would look like no change to a call sent before it. A look whose
+// replacement lost to another's reads Nodes again.
 func (w *watch) look() mark {
-	addr := nodesKey(w.c.Nodes())
 	for {
 		s := w.seen.Load()
+		addr := nodesKey(w.c.Nodes())
 		if s != nil && *s == addr {
-			break
+			return mark{addr: addr, gen: w.gen.Load()}
 		}
 		p := new(string) // allocated only on a change: &addr would move addr to the heap on every look
 		*p = addr
 		if w.seen.CompareAndSwap(s, p) {
 			w.gen.Add(1)
-			break
+			return mark{addr: addr, gen: w.gen.Load()}
 		}
 	}
-	return mark{addr: addr, gen: w.gen.Load()}
 }
 
 // moved reports whether the primary changed since m was taken (nil w:
