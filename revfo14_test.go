@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/redistest"
 )
 
@@ -47,5 +48,55 @@ func TestRevFo14FirstCallAfterFailover(t *testing.T) {
 	}
 	if err := s.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRevFo14AckedFirstCallAfterFailover: the same with WithReplicaAck, on
+// a Client that made its first call before the failover: its first
+// TryLock after it, whose acquire and WAIT go in one round trip, must get
+// the free lock (acknowledged by the old primary, now a replica), not an
+// error; so must its first Extend of a lease held across the failover.
+func TestRevFo14AckedFirstCallAfterFailover(t *testing.T) {
+	for _, first := range []string{"TryLock", "Extend"} {
+		t.Run(first, func(t *testing.T) {
+			r := redistest.StartReplicated(t)
+			ctx := ctxT(t, 60*time.Second)
+			rdb := redistest.NewFailoverClient(&redis.FailoverOptions{
+				MasterName: redistest.SentinelMaster, SentinelAddrs: r.Addrs(), ClientName: "revfo14-acked",
+			})
+			t.Cleanup(func() { _ = rdb.Close() })
+			c := newDlock(t, rdb, dlock.WithReplicaAck(1, time.Second))
+			defer c.Close()
+			held, err := c.Mutex("revfo14-held", dlock.TTL(time.Minute), dlock.NoRenew()).TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Unlock(ctx)
+			r.Failover(t)
+			waitWithin(t, ctx, failoverBound, "the old primary to replicate the promoted one", func() bool {
+				n, _ := r.Primary.Do(t, "WAIT", 1, 100).(int64)
+				return n >= 1
+			})
+			if onRueidis() {
+				waitWithin(t, ctx, failoverBound, "the client to follow the promoted replica", func() bool {
+					list, _ := r.Primary.Do(t, "CLIENT", "LIST").(string)
+					return ranCommand(list, "revfo14-acked")
+				})
+			}
+			switch first {
+			case "TryLock":
+				l, err := c.Mutex("revfo14-acked").TryLock(ctx)
+				if err != nil {
+					t.Fatalf("TryLock, the first call after a failover, with WithReplicaAck: %v", err)
+				}
+				if err := l.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+			case "Extend":
+				if err := held.Extend(ctx, time.Minute); err != nil {
+					t.Fatalf("Extend, the first call after a failover, with WithReplicaAck: %v", err)
+				}
+			}
+		})
 	}
 }
