@@ -213,7 +213,7 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 	var v any
 	var short, err error // short: see runAcked
 	if lk.c.cfg.ack.on() {
-		v, short, err = lk.c.runAcked(ctx, h.cmd.acqScript, lk.hash, h.cmd.acquire(), "acquire", late)
+		v, short, err = lk.c.runAcked(ctx, h.cmd.acqScript, lk.hash, h.cmd.acquire(), "acquire", &h.acqDoubt, late)
 	} else {
 		v, err = lk.c.runLine(ctx, h.cmd.acqScript, h.cmd.acquire(), waited, &h.acqDoubt, late)
 	}

@@ -55,7 +55,16 @@ func (c *Client) pubsubReady(ctx context.Context) error {
 		return nil
 	}
 	v, err := c.aside(ctx, func(ctx context.Context) (any, error) {
-		return hub.Detect(ctx, c.drv, wire.ProbeChannel(c.cfg.prefix))
+		detect := func() (any, error) { return hub.Detect(ctx, c.drv, wire.ProbeChannel(c.cfg.prefix)) }
+		v, err := detect()
+		if err != nil && !c.tr.Resends && !badCertificate(err) {
+			// Asked again after a failed connection, as go-redis resends
+			// it (see script.run): over rueidis on Sentinel the first
+			// call after a switch is an unknown outcome (rueidisdlock's
+			// watch), which would fail a Client's first lock call.
+			v, err = resend(ctx, v, err, nil, detect)
+		}
+		return v, err
 	}, nil)
 	if badCertificate(err) {
 		return err // explainRefusal says what to fix

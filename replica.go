@@ -111,8 +111,14 @@ type ackedReply struct {
 // WAIT after it, on one connection in one round trip. It returns the
 // script's reply, and short: nil if enough replicas confirmed, else the
 // ErrNotReplicated error that says how many confirmed what. If ctx ends
-// first, late (if not nil) gets the script's reply when it comes.
-func (c *Client) runAcked(ctx context.Context, s *script, key string, args []any, what string, late func(any, error)) (v any, short error, err error) {
+// first, late (if not nil) gets the script's reply when it comes. After a
+// failed connection the round trip is sent again, as go-redis resends a
+// pipeline, by a driver that does not resend (driver.Traits.Resends):
+// dlock's acquire and extend are idempotent for their token, and each
+// writes, so a WAIT after the resend also confirms what the first send
+// wrote on that primary. doubt (if not nil) is set when it is sent again:
+// the first send may yet run.
+func (c *Client) runAcked(ctx context.Context, s *script, key string, args []any, what string, doubt *bool, late func(any, error)) (v any, short error, err error) {
 	if late != nil {
 		inner := late
 		late = func(v any, err error) {
@@ -122,13 +128,28 @@ func (c *Client) runAcked(ctx context.Context, s *script, key string, args []any
 			inner(v, err)
 		}
 	}
-	v, err = c.aside(ctx, func(ctx context.Context) (any, error) {
-		v, err := c.sendAcked(ctx, key, args, what)
-		if err != nil && isNoScript(err) {
-			v, err = c.sendAcked(ctx, key, s.withSource(args), what)
-		}
-		return v, err
-	}, late)
+	send := func() (any, error) {
+		return c.aside(ctx, func(ctx context.Context) (any, error) {
+			v, err := c.sendAcked(ctx, key, args, what)
+			if err != nil && isNoScript(err) {
+				v, err = c.sendAcked(ctx, key, s.withSource(args), what)
+			}
+			return v, err
+		}, late)
+	}
+	v, err = send()
+	if err != nil && !c.tr.Resends {
+		v, err = resend(ctx, v, err, func(error) {
+			if doubt != nil {
+				*doubt = true
+			}
+		}, func() (any, error) {
+			if c.closed.Load() {
+				return nil, ErrClosed // not sent: Close ends a waiting call
+			}
+			return send()
+		})
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -152,7 +173,7 @@ func (c *Client) sendAcked(ctx context.Context, key string, args []any, what str
 
 // evalAcked is eval (see Client.eval) with WAIT after the call; see runAcked.
 func (c *Client) evalAcked(ctx context.Context, k call, what string) (v any, short error, err error) {
-	return c.runAcked(ctx, k.s, k.keys[0], k.s.line(k.keys, k.args), what, nil)
+	return c.runAcked(ctx, k.s, k.keys[0], k.s.line(k.keys, k.args), what, nil, nil)
 }
 
 // extendGroups splits a renewal's calls into the pipelines runExtends

@@ -32,7 +32,7 @@ var errReplaced = errors.New("rueidisdlock: the primary was replaced (Sentinel) 
 // asking the promoted replica again with the same token (or giving the
 // lock back if the caller left). errReplaced makes rueidis's late reply
 // the same: a reply is kept only if the primary the client sends to, as
-// looked at after it came, is the one last seen before it was sent.
+// looked at after it came, is the one looked at just before it was sent.
 //
 // rueidis moves its primary connection to the promoted replica (what
 // Nodes reports) before it starts closing the old one, so a reply read
@@ -41,14 +41,17 @@ var errReplaced = errors.New("rueidisdlock: the primary was replaced (Sentinel) 
 // switch: a Client cut off from the sentinels with the old primary
 // (docs/SAFETY.md, fault 6).
 //
-// A look (Nodes) costs about 300 ns and three allocations, so a send does
-// not look: it takes the primary that the latest look saw, and only the
-// reply is looked after. A call sent after a switch that no look has seen
-// yet (the first calls after one, or after the Client was idle through
-// it) is then taken for one that spans the switch: a spurious unknown
+// Both ends of a round trip look: the send just before rueidis picks the
+// connection, the reply once it came. A send that took the primary the
+// latest look saw, without looking, would be wrong after a switch that no
+// look saw (the Client idle through it): its mark would name the old
+// primary while it went to the new one, and a switch back during the call
+// would look like no change to the look after its reply, whose reply from
+// the replaced primary would be believed. A look (Nodes) costs about
+// 300 ns and three allocations, so a round trip pays twice that; a switch
+// between the send's look and rueidis's pick makes a spurious unknown
 // outcome, resolved as any other (an acquire or a release is asked again
-// with its token), and the looks that saw the switch make the next calls
-// exact. Only Sentinel clients pay, one look per round trip.
+// with its token). Only Sentinel clients pay.
 //
 // A primary is named by its address, so a failover there and back (A to
 // B to A) within one reply would look like no change; gen counts every
@@ -82,21 +85,28 @@ func newWatch(c rueidis.Client) *watch {
 // look says which primary the client sends to now. Nodes on a Sentinel
 // client is the primary alone (with its replica under SendToReplicas, a
 // replica alone under ReplicaOnly): its addresses, together, name it.
+//
+// seen is loaded before Nodes is read, and replaced only if it is still
+// what was loaded: a look that read the primary before a switch must not
+// record it after a concurrent look recorded the switch, or seen would
+// name the old primary while the client sends to the new one, and the
+// next switch, back to it (a primary and one replica know no other),
+// would look like no change to a call sent before it. A look whose
+// replacement lost to another's reads Nodes again.
 func (w *watch) look() mark {
-	addr := nodesKey(w.c.Nodes())
 	for {
 		s := w.seen.Load()
+		addr := nodesKey(w.c.Nodes())
 		if s != nil && *s == addr {
-			break
+			return mark{addr: addr, gen: w.gen.Load()}
 		}
 		p := new(string) // allocated only on a change: &addr would move addr to the heap on every look
 		*p = addr
 		if w.seen.CompareAndSwap(s, p) {
 			w.gen.Add(1)
-			break
+			return mark{addr: addr, gen: w.gen.Load()}
 		}
 	}
-	return mark{addr: addr, gen: w.gen.Load()}
 }
 
 // moved reports whether the primary changed since m was taken (nil w:
@@ -105,19 +115,9 @@ func (w *watch) moved(m mark) bool {
 	return w != nil && w.look() != m
 }
 
-// start takes the mark a send is checked against without looking: the
-// primary the latest look saw (nil w: none). Either order of the two
-// loads can only make a mark that a later look finds moved.
+// start takes the mark a send is checked against: a look, just before
+// the send (nil w: none).
 func (w *watch) start() mark {
-	if w == nil {
-		return mark{}
-	}
-	return mark{addr: *w.seen.Load(), gen: w.gen.Load()}
-}
-
-// fresh is start with a look, for what is rarely made and long kept (a
-// subscription connection).
-func (w *watch) fresh() mark {
 	if w == nil {
 		return mark{}
 	}

@@ -92,7 +92,7 @@ func (p *pubsub) conn() rueidis.DedicatedClient {
 	if p.dc == nil {
 		// Looked at before Dedicate picks the primary: a switch between
 		// the two shows as a move at the first event (see replaced).
-		p.at = p.prim.fresh()
+		p.at = p.prim.start()
 		dc, cancel := p.src.Dedicate()
 		p.dc = dc
 		lost := dc.SetPubSubHooks(rueidis.PubSubHooks{

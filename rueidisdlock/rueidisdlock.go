@@ -39,10 +39,9 @@
 //     is: the engine asks the promoted replica again (an acquire with the
 //     same token). A subscription event that comes once the client moved
 //     drops that subscription connection, and it is made again. Each round
-//     trip costs a look at the client's primary (Nodes: about 300 ns and
-//     three allocations), after its reply; a send takes the primary that
-//     the latest look saw, so the first calls after a switch that no look
-//     had seen are unknown outcomes too, and asked again.
+//     trip costs two looks at the client's primary (Nodes: about 300 ns
+//     and three allocations each), one just before the send and one after
+//     the reply, and each subscription event costs one.
 //   - Subscriptions use RESP3 push on one dedicated connection per server
 //     (per Cluster master), with pub/sub hooks, so that dlock sees every
 //     subscribe confirmed and every unsubscribe the server sends (a Cluster
