@@ -356,8 +356,6 @@ func (e *Election) follow(ctx context.Context, w *watcher, out chan Leader) {
 		msgs, again := w.take()
 		for _, m := range msgs {
 			f, n, value, ok := wire.ParseProclaimed(m)
-			// A new term: read it too, for the lock's expiry (a leader that
-			// dies says nothing).
 			again = again || !ok || v.proclaimed(position{f, n}, Leader{Value: value, Fence: f}, out)
 		}
 		c.observers.applied.Add(uint64(len(msgs)))
@@ -391,22 +389,32 @@ type view struct {
 	at   position
 	last Leader
 	sent bool
+	// gone: the last read found no key, which has no position. A message
+	// taken after it may have been published before it (it waited in the
+	// mailbox during the read), so it is not reported but read again.
+	gone bool
 }
 
-// proclaimed applies a published value at p; it reports whether p begins
-// a term that v had not seen.
-func (v *view) proclaimed(p position, l Leader, out chan Leader) (newTerm bool) {
+// proclaimed applies a published value at p; it reports whether the
+// election must be read again: p begins a term that v had not seen (a
+// leader that dies says nothing: its lock's expiry is read), or p cannot
+// be ordered against the last read.
+func (v *view) proclaimed(p position, l Leader, out chan Leader) (again bool) {
 	if !p.after(v.at) {
 		return false // a read already showed this, or later
 	}
-	newTerm = p.fence != v.at.fence
+	if v.gone {
+		return true
+	}
+	again = p.fence != v.at.fence
 	v.at = p
 	v.report(l, out)
-	return newTerm
+	return again
 }
 
 // read applies a read of the election.
 func (v *view) read(st wire.LeaderState, out chan Leader) {
+	v.gone = !st.Exists
 	if !st.Exists { // expired or reclaimed: nobody leads; no position to learn
 		v.report(Leader{}, out)
 		return

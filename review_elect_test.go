@@ -1,0 +1,91 @@
+package dlock_test
+
+// Adversarial review of leader election (merge 9e99865): each TestRevElect*
+// reproduces one defect as a concrete interleaving on real redis-server
+// processes, and failed on the code it was written against.
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faults"
+	"github.com/dlock-go/dlock/internal/redistest"
+)
+
+// nextLeader returns Observe's next report, failing the test if none comes
+// within d (or the channel closes).
+func nextLeader(t *testing.T, seen <-chan dlock.Leader, d time.Duration, what string) dlock.Leader {
+	t.Helper()
+	select {
+	case l, ok := <-seen:
+		if !ok {
+			t.Fatalf("Observe's channel closed while waiting for %s", what)
+		}
+		return l
+	case <-time.After(d):
+		t.Fatalf("Observe reported nothing within %v while waiting for %s", d, what)
+	}
+	return dlock.Leader{}
+}
+
+// An observer's read that finds the key gone (the leader's lease ran out)
+// carries no position, so a message published before that read, but taken
+// from the observer's mailbox after it, was applied as news: the observer
+// reported the expired leader's last value after reporting nobody, and
+// kept it (with nobody leading it reads again only after an hour).
+//
+// Interleaving: after a0 resigned, the observer reads nobody (the key
+// stays); the leader (TTL 400ms, no renewal) proclaims a1; the
+// observer reports it and, a new term, reads again, that read sent 800ms
+// late (after the lease ran out); meanwhile the leader proclaims a2, whose
+// message waits in the mailbox until the read returns "no key".
+func TestRevElectObserveOlderMessageAfterGoneRead(t *testing.T) {
+	s := redistest.Start(t)
+	obs, _ := reviewClient(t, s, 2*time.Second, nil,
+		faults.Rule{Script: "leader", Kind: faults.DelaySend, Calls: []int{2}, Min: 800 * time.Millisecond, Max: 800 * time.Millisecond})
+	lc, rdb := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	const name = "rev-elect-gone"
+	e0 := lc.Election(name)
+	if _, err := e0.Campaign(ctx, "a0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e0.Resign(ctx); err != nil { // the key stays, with its fence: the first read has a position
+		t.Fatal(err)
+	}
+	seen := obs.Election(name).Observe(ctx)
+	if l := nextLeader(t, seen, 5*time.Second, "the first report"); l != (dlock.Leader{}) {
+		t.Fatalf("first report %+v, want nobody", l)
+	}
+	base := dlock.ObservedMessages(obs)
+	e := lc.Election(name, dlock.TTL(400*time.Millisecond), dlock.NoRenew())
+	l, err := e.Campaign(ctx, "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := nextLeader(t, seen, 5*time.Second, "a1"); got != (dlock.Leader{Value: "a1", Fence: l.Fence()}) {
+		t.Fatalf("report %+v, want a1", got)
+	}
+	waitFor(t, ctx, "the observer to apply a1", func() bool { return dlock.ObservedMessages(obs) >= base+1 })
+	// The observer's second read is on its way (late): a2 is heard meanwhile.
+	if err := e.Proclaim(ctx, "a2"); err != nil {
+		t.Fatal(err)
+	}
+	<-l.Context().Done()
+	waitFor(t, ctx, "the leader's key to expire", func() bool { return rdb.Exists(ctx, electionKey(name)).Val() == 0 })
+	waitFor(t, ctx, "the observer to apply a2", func() bool { return dlock.ObservedMessages(obs) >= base+2 })
+	if _, _, err := e.Leader(ctx); !errors.Is(err, dlock.ErrNoLeader) {
+		t.Fatalf("Leader() after the lease ran out: %v, want ErrNoLeader", err)
+	}
+	var latest dlock.Leader
+	select {
+	case latest = <-seen:
+	default:
+		t.Fatal("the observer reported nothing after a1 although the leader's key expired")
+	}
+	if latest != (dlock.Leader{}) {
+		t.Fatalf("the observer's latest report is %+v although its lease ran out and its key is gone: an older state reported after a newer one", latest)
+	}
+}
