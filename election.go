@@ -304,8 +304,9 @@ func (e *Election) Observe(ctx context.Context) <-chan Leader {
 }
 
 // follow is Observe's goroutine: it reads the election once its channels
-// are subscribed, then applies what it hears, reading again after a
-// release, a gap or the lock's expiry, until ctx or the Client ends.
+// are subscribed (or after subscribeWait, and again once they are), then
+// applies what it hears, reading again after a release, a gap or the
+// lock's expiry, until ctx or the Client ends.
 func (e *Election) follow(ctx context.Context, w *watcher, out chan Leader) {
 	lk := &e.m.lk
 	c := lk.c
@@ -313,10 +314,12 @@ func (e *Election) follow(ctx context.Context, w *watcher, out chan Leader) {
 	defer c.hub.Unwant(lk.hash)
 	defer c.hub.Unwant(e.ch)
 	bound := time.NewTimer(subscribeWait)
+subscribing:
 	for _, r := range ready {
 		select {
 		case <-r:
-		case <-bound.C: // read anyway; a gap makes us read again once it is up
+		case <-bound.C: // read anyway, and again once it is up (below)
+			break subscribing
 		case <-ctx.Done():
 			return
 		case <-c.bg.Done():
@@ -324,6 +327,21 @@ func (e *Election) follow(ctx context.Context, w *watcher, out chan Leader) {
 		}
 	}
 	bound.Stop()
+	// A subscription not up yet at the first read: what is published
+	// before it is up is heard by nobody, and its first confirmation comes
+	// with no Gap, so the election is read again once it is up.
+	var late []<-chan struct{}
+	for _, r := range ready {
+		select {
+		case <-r:
+		default:
+			late = append(late, r)
+		}
+	}
+	var lateUp <-chan struct{} // the first of late, or nil
+	if len(late) > 0 {
+		lateUp = late[0]
+	}
 	var v view
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -345,6 +363,13 @@ func (e *Election) follow(ctx context.Context, w *watcher, out chan Leader) {
 		}
 		select {
 		case <-w.wake:
+		case <-lateUp:
+			late, lateUp = late[1:], nil
+			if len(late) > 0 {
+				lateUp = late[0]
+			}
+			reread = true
+			continue
 		case <-timer.C:
 			reread = true
 			continue

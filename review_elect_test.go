@@ -89,3 +89,49 @@ func TestRevElectObserveOlderMessageAfterGoneRead(t *testing.T) {
 		t.Fatalf("the observer's latest report is %+v although its lease ran out and its key is gone: an older state reported after a newer one", latest)
 	}
 }
+
+// Observe reads the election once its two channels are subscribed, or
+// after subscribeWait (1s) if they are not yet: a subscription confirmed
+// after that read, for the first time, comes with no Gap, so what was
+// published on that channel between the read and the confirmation was
+// never heard, and never read again (until the leader's lease would
+// expire: its TTL, here 30s; with nobody leading, an hour).
+//
+// Interleaving (seed 178679: the observer's Client writes its first two
+// SSUBSCRIBEs at once, the third 2.6s late): a candidate of the observer's
+// Client waits in line, so the lock's channel and its hand-over channel
+// are up; Observe then wants the election's channel, late, and reads at
+// 1s (x leads); x proclaims x2 before that channel is up: never reported.
+func TestRevElectObserveLateFirstSubscription(t *testing.T) {
+	s := redistest.Start(t)
+	loadScripts(t, s.Client(t))
+	in := faults.New(faults.Config{Seed: 178679, Scripts: faults.EngineScripts(), MaxDelay: 3 * time.Second,
+		Sub: faults.SubFaults{Delay: 1, MaxDelay: 3 * time.Second}})
+	ordb := s.Client(t)
+	injectFaults(t, ordb, in)
+	obs := newDlock(t, ordb)
+	t.Cleanup(func() { _ = obs.Close() })
+	lc, rdb := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	const name = "rev-elect-late-sub"
+	x := lc.Election(name, dlock.TTL(30*time.Second))
+	l, err := x.Campaign(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	campaign(t, ctx, obs.Election(name, dlock.TTL(30*time.Second)), "w") // waits in line
+	waitLine(t, ctx, rdb, electionKey(name), 1)
+	seen := obs.Election(name).Observe(ctx)
+	if got := nextLeader(t, seen, 5*time.Second, "the first report"); got != (dlock.Leader{Value: "x", Fence: l.Fence()}) {
+		t.Fatalf("first report %+v, want x", got)
+	}
+	if err := x.Proclaim(ctx, "x2"); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range in.Events(nil) {
+		t.Logf("fault: %v", ev)
+	}
+	if got := nextLeader(t, seen, 6*time.Second, "x2"); got != (dlock.Leader{Value: "x2", Fence: l.Fence()}) {
+		t.Fatalf("report %+v, want x2", got)
+	}
+}
