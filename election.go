@@ -28,8 +28,10 @@ import (
 //
 // An Election is one candidate: it holds at most one leadership at a time.
 // Its methods are safe for concurrent use. An Election and a Mutex of the
-// same name exclude each other; a Mutex holder is not a leader (it
-// publishes no value).
+// same name exclude each other, also when the Mutex is locked with a ctx
+// from the leader's lease (it does not re-enter the leadership: it waits
+// for it like any other); a Mutex holder is not a leader (it publishes no
+// value).
 type Election struct {
 	m   *Mutex // Fair: the line and the lock
 	ch  string // the election's channel (wire.ElectionChannel)
@@ -60,6 +62,7 @@ func (c *Client) Election(name string, opts ...LockOption) *Election {
 		m:  c.Mutex(name, append(opts[:len(opts):len(opts)], Fair())...),
 		ch: wire.ElectionChannel(c.cfg.prefix, name),
 	}
+	e.m.lk.election = true
 	if c.q != nil {
 		e.err = invalidf("an Election in quorum mode: there is no one line across masters")
 	}

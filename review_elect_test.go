@@ -5,6 +5,7 @@ package dlock_test
 // processes, and failed on the code it was written against.
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -134,4 +135,44 @@ func TestRevElectObserveLateFirstSubscription(t *testing.T) {
 	if got := nextLeader(t, seen, 6*time.Second, "x2"); got != (dlock.Leader{Value: "x2", Fence: l.Fence()}) {
 		t.Fatalf("report %+v, want x2", got)
 	}
+}
+
+// A Mutex of the election's name, locked on the same Client with a ctx
+// from the leader's lease, re-entered the leadership (heldIn matches the
+// lock hash and kind, and an Election is a Fair mutex): the Mutex and the
+// Election did not exclude each other. Then Resign only counted the
+// Election's lease out of a holding the Mutex lease still held: it
+// returned nil, the lock stayed at Redis with the resigned leader's value,
+// Leader() kept naming it, and the next candidate was not elected.
+func TestRevElectMutexReentersLeadership(t *testing.T) {
+	s := redistest.Start(t)
+	cs, _ := newClients(t, s, 2)
+	ctx := ctxT(t, 20*time.Second)
+	const name = "rev-elect-mutex"
+	a, b := cs[0].Election(name, dlock.TTL(time.Minute)), cs[1].Election(name, dlock.TTL(time.Minute))
+	la, err := a.Campaign(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait := campaign(t, ctx, b, "b")
+	mctx, cancel := context.WithTimeout(la.Context(), 300*time.Millisecond)
+	defer cancel()
+	ml, err := cs[0].Mutex(name).Lock(mctx)
+	if err == nil {
+		t.Errorf("a Mutex of the election's name was locked (fence %d, leader's %d) while the Election leads: they do not exclude each other", ml.Fence(), la.Fence())
+		defer func() { _ = ml.Unlock(ctx) }()
+	} else if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Mutex.Lock under the leader's lease: %v", err)
+	}
+	if err := a.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, f, err := a.Leader(ctx); err == nil && v == "a" {
+		t.Fatalf("after Resign returned nil, Leader() still names the resigned leader (%q, fence %d)", v, f)
+	}
+	lb, err := wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLeader(t, ctx, a, "b", lb.Fence())
 }
