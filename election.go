@@ -77,7 +77,10 @@ func (e *Election) Name() string { return e.m.lk.name }
 // and returns the leader's Lease: its Fence is the term, its Context ends
 // when leadership is lost (context.Cause ErrLockLost) or resigned. It waits
 // until ctx ends, and then returns an error that errors.Is ctx.Err(),
-// leaving no trace in the line. value is 1 to MaxValueLen bytes.
+// leaving no trace in the line. It returns ErrLockLost if the leadership
+// was lost before Campaign could return it (for example when the reply of
+// its publish came after the lease ran out). value is 1 to MaxValueLen
+// bytes.
 //
 // A Campaign of an Election that already leads, or campaigns, returns
 // ErrInvalidArgument: an Election is one candidate. The leadership is the
@@ -97,7 +100,14 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := e.publish(ctx, l, value); err != nil {
+	err = e.publish(ctx, l, value)
+	if err == nil {
+		// The lease may have run out while the publish was on its way
+		// (as Lock refuses a grant whose reply came too late): another
+		// candidate may lead already.
+		err = l.live()
+	}
+	if err != nil {
 		// Give the lock on to the next candidate rather than leave it to
 		// its TTL: it cannot be ours with our value.
 		l.h.unlockNow(ctx)

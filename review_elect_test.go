@@ -176,3 +176,47 @@ func TestRevElectMutexReentersLeadership(t *testing.T) {
 	}
 	wantLeader(t, ctx, a, "b", lb.Fence())
 }
+
+// Campaign returned the leadership (nil error) when the reply of its
+// publish came after the lease had run out, and another candidate already
+// led: Lock refuses a grant whose reply comes past the lease's validity
+// (fault 3), Campaign did not check again after its own round trip.
+//
+// Interleaving: a (TTL 1s, no renewal) is granted the lock; its proclaim
+// runs at once at Redis, its reply is held back 1.5s; the lease runs out
+// at 1s and b, waiting in line, is elected; then a's Campaign returns.
+func TestRevElectCampaignReturnsAnEndedLeadership(t *testing.T) {
+	s := redistest.Start(t)
+	ca, _ := reviewClient(t, s, 2*time.Second, nil,
+		faults.Rule{Script: "proclaim", Kind: faults.DelayReply, Calls: []int{1}, Min: 1500 * time.Millisecond, Max: 1500 * time.Millisecond})
+	cb, rdb := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	const name = "rev-elect-late-reply"
+	holder, err := cb.Mutex(name, dlock.Fair()).Lock(ctx) // so that a and b wait in line, a first
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := ca.Election(name, dlock.TTL(time.Second), dlock.NoRenew())
+	b := cb.Election(name, dlock.TTL(time.Minute))
+	waitA := campaign(t, ctx, a, "a")
+	waitLine(t, ctx, rdb, electionKey(name), 1)
+	waitB := campaign(t, ctx, b, "b")
+	waitLine(t, ctx, rdb, electionKey(name), 2)
+	if err := holder.Unlock(ctx); err != nil { // hands it to a
+		t.Fatal(err)
+	}
+	lb, err := waitB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	la, err := waitA()
+	if err == nil {
+		v, f, lerr := b.Leader(ctx)
+		t.Fatalf("a's Campaign returned its leadership (fence %d; its lease context: %v) while b leads (fence %d; Leader() = %q, %d, %v)",
+			la.Fence(), context.Cause(la.Context()), lb.Fence(), v, f, lerr)
+	}
+	if !errors.Is(err, dlock.ErrLockLost) && !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("a's Campaign: %v, want ErrLockLost or ErrNotObtained", err)
+	}
+	wantLeader(t, ctx, b, "b", lb.Fence())
+}
