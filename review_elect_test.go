@@ -220,3 +220,52 @@ func TestRevElectCampaignReturnsAnEndedLeadership(t *testing.T) {
 	}
 	wantLeader(t, ctx, b, "b", lb.Fence())
 }
+
+// A leader that resigns hands the lock to the next candidate through Redis
+// (release.lua publishes on that candidate's own channel, not on the lock's
+// or the election's), and the new holder is no leader until its own
+// proclaim: if that never comes (the candidate dies, pauses, or its call
+// is slow), observers hear nothing and keep reporting the resigned leader
+// until the lease they last read would have run out (here 30s), while
+// Leader() already says ErrNoLeader.
+//
+// Interleaving: a leads (TTL 30s), b waits in line on a Client whose
+// proclaim is not sent for 4s (then fails); a resigns: the lock is b's at
+// Redis, unproclaimed.
+func TestRevElectObserveResignHandedToSilentCandidate(t *testing.T) {
+	t.Run("S", func(t *testing.T) { resignToSilentCandidate(t, startS(t)) })
+	t.Run("C", func(t *testing.T) { resignToSilentCandidate(t, startC(t)) })
+}
+
+func resignToSilentCandidate(t *testing.T, s *site) {
+	ca, rdb := s.client(t)
+	in := faults.New(faults.Config{Scripts: faults.EngineScripts(), MaxDelay: 5 * time.Second, Rules: []faults.Rule{
+		{Script: "proclaim", Kind: faults.FailSend, Calls: []int{1}, Min: 4 * time.Second, Max: 4 * time.Second}}})
+	brdb := s.newRedis(t, "silent-candidate", nil)
+	injectFaults(t, brdb, in)
+	cb := newDlock(t, brdb)
+	t.Cleanup(func() { _ = cb.Close() })
+	co, _ := s.client(t)
+	ctx := ctxT(t, 20*time.Second)
+	const name = "rev-elect-silent"
+	a := ca.Election(name, dlock.TTL(30*time.Second))
+	la, err := a.Campaign(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := co.Election(name).Observe(ctx)
+	if got := nextLeader(t, seen, 5*time.Second, "a"); got != (dlock.Leader{Value: "a", Fence: la.Fence()}) {
+		t.Fatalf("first report %+v, want a", got)
+	}
+	campaign(t, ctx, cb.Election(name, dlock.TTL(30*time.Second)), "b")
+	waitLine(t, ctx, rdb, electionKey(name), 1)
+	if err := a.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.Leader(ctx); !errors.Is(err, dlock.ErrNoLeader) {
+		t.Fatalf("Leader() after a resigned to a silent candidate: %v, want ErrNoLeader", err)
+	}
+	if got := nextLeader(t, seen, 2*time.Second, "a change after a resigned"); got != (dlock.Leader{}) {
+		t.Fatalf("report %+v after a resigned to a candidate that has not proclaimed, want nobody", got)
+	}
+}
