@@ -28,8 +28,10 @@ import (
 //
 // An Election is one candidate: it holds at most one leadership at a time.
 // Its methods are safe for concurrent use. An Election and a Mutex of the
-// same name exclude each other; a Mutex holder is not a leader (it
-// publishes no value).
+// same name exclude each other, also when the Mutex is locked with a ctx
+// from the leader's lease (it does not re-enter the leadership: it waits
+// for it like any other); a Mutex holder is not a leader (it publishes no
+// value).
 type Election struct {
 	m   *Mutex // Fair: the line and the lock
 	ch  string // the election's channel (wire.ElectionChannel)
@@ -60,6 +62,7 @@ func (c *Client) Election(name string, opts ...LockOption) *Election {
 		m:  c.Mutex(name, append(opts[:len(opts):len(opts)], Fair())...),
 		ch: wire.ElectionChannel(c.cfg.prefix, name),
 	}
+	e.m.lk.election = true
 	if c.q != nil {
 		e.err = invalidf("an Election in quorum mode: there is no one line across masters")
 	}
@@ -74,7 +77,10 @@ func (e *Election) Name() string { return e.m.lk.name }
 // and returns the leader's Lease: its Fence is the term, its Context ends
 // when leadership is lost (context.Cause ErrLockLost) or resigned. It waits
 // until ctx ends, and then returns an error that errors.Is ctx.Err(),
-// leaving no trace in the line. value is 1 to MaxValueLen bytes.
+// leaving no trace in the line. It returns ErrLockLost if the leadership
+// was lost before Campaign could return it (for example when the reply of
+// its publish came after the lease ran out). value is 1 to MaxValueLen
+// bytes.
 //
 // A Campaign of an Election that already leads, or campaigns, returns
 // ErrInvalidArgument: an Election is one candidate. The leadership is the
@@ -94,7 +100,14 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := e.publish(ctx, l, value); err != nil {
+	err = e.publish(ctx, l, value)
+	if err == nil {
+		// The lease may have run out while the publish was on its way
+		// (as Lock refuses a grant whose reply came too late): another
+		// candidate may lead already.
+		err = l.live()
+	}
+	if err != nil {
 		// Give the lock on to the next candidate rather than leave it to
 		// its TTL: it cannot be ours with our value.
 		l.h.unlockNow(ctx)
@@ -304,8 +317,9 @@ func (e *Election) Observe(ctx context.Context) <-chan Leader {
 }
 
 // follow is Observe's goroutine: it reads the election once its channels
-// are subscribed, then applies what it hears, reading again after a
-// release, a gap or the lock's expiry, until ctx or the Client ends.
+// are subscribed (or after subscribeWait, and again once they are), then
+// applies what it hears, reading again after a release, a gap or the
+// lock's expiry, until ctx or the Client ends.
 func (e *Election) follow(ctx context.Context, w *watcher, out chan Leader) {
 	lk := &e.m.lk
 	c := lk.c
@@ -313,10 +327,12 @@ func (e *Election) follow(ctx context.Context, w *watcher, out chan Leader) {
 	defer c.hub.Unwant(lk.hash)
 	defer c.hub.Unwant(e.ch)
 	bound := time.NewTimer(subscribeWait)
+subscribing:
 	for _, r := range ready {
 		select {
 		case <-r:
-		case <-bound.C: // read anyway; a gap makes us read again once it is up
+		case <-bound.C: // read anyway, and again once it is up (below)
+			break subscribing
 		case <-ctx.Done():
 			return
 		case <-c.bg.Done():
@@ -324,6 +340,21 @@ func (e *Election) follow(ctx context.Context, w *watcher, out chan Leader) {
 		}
 	}
 	bound.Stop()
+	// A subscription not up yet at the first read: what is published
+	// before it is up is heard by nobody, and its first confirmation comes
+	// with no Gap, so the election is read again once it is up.
+	var late []<-chan struct{}
+	for _, r := range ready {
+		select {
+		case <-r:
+		default:
+			late = append(late, r)
+		}
+	}
+	var lateUp <-chan struct{} // the first of late, or nil
+	if len(late) > 0 {
+		lateUp = late[0]
+	}
 	var v view
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -345,6 +376,13 @@ func (e *Election) follow(ctx context.Context, w *watcher, out chan Leader) {
 		}
 		select {
 		case <-w.wake:
+		case <-lateUp:
+			late, lateUp = late[1:], nil
+			if len(late) > 0 {
+				lateUp = late[0]
+			}
+			reread = true
+			continue
 		case <-timer.C:
 			reread = true
 			continue
@@ -356,8 +394,6 @@ func (e *Election) follow(ctx context.Context, w *watcher, out chan Leader) {
 		msgs, again := w.take()
 		for _, m := range msgs {
 			f, n, value, ok := wire.ParseProclaimed(m)
-			// A new term: read it too, for the lock's expiry (a leader that
-			// dies says nothing).
 			again = again || !ok || v.proclaimed(position{f, n}, Leader{Value: value, Fence: f}, out)
 		}
 		c.observers.applied.Add(uint64(len(msgs)))
@@ -391,22 +427,32 @@ type view struct {
 	at   position
 	last Leader
 	sent bool
+	// gone: the last read found no key, which has no position. A message
+	// taken after it may have been published before it (it waited in the
+	// mailbox during the read), so it is not reported but read again.
+	gone bool
 }
 
-// proclaimed applies a published value at p; it reports whether p begins
-// a term that v had not seen.
-func (v *view) proclaimed(p position, l Leader, out chan Leader) (newTerm bool) {
+// proclaimed applies a published value at p; it reports whether the
+// election must be read again: p begins a term that v had not seen (a
+// leader that dies says nothing: its lock's expiry is read), or p cannot
+// be ordered against the last read.
+func (v *view) proclaimed(p position, l Leader, out chan Leader) (again bool) {
 	if !p.after(v.at) {
 		return false // a read already showed this, or later
 	}
-	newTerm = p.fence != v.at.fence
+	if v.gone {
+		return true
+	}
+	again = p.fence != v.at.fence
 	v.at = p
 	v.report(l, out)
-	return newTerm
+	return again
 }
 
 // read applies a read of the election.
 func (v *view) read(st wire.LeaderState, out chan Leader) {
+	v.gone = !st.Exists
 	if !st.Exists { // expired or reclaimed: nobody leads; no position to learn
 		v.report(Leader{}, out)
 		return

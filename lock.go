@@ -23,6 +23,7 @@ type lock struct {
 	ttlArg   string
 	renew    bool
 	fair     bool   // waiters wait in the line at Redis; false: default mode (see Mutex.Lock)
+	election bool   // an Election's: its holdings are never re-entered (see heldIn)
 	readSide bool   // the read side of an RWMutex
 	sizeArg  string // a semaphore's size
 	nArg     string // the permits every call takes (the sides of an RWMutex)
@@ -122,11 +123,16 @@ func (lk *lock) start(ctx context.Context) (l *Lease, err error, done bool) {
 	return l, err, true
 }
 
-// heldIn finds a holding of key by c among the lease contexts ctx descends from.
+// heldIn finds a holding of key by c among the lease contexts ctx descends
+// from. A leadership is not one: a Mutex of the election's name must not
+// share it (the Election's Resign would then leave the lock held).
 func (c *Client) heldIn(ctx context.Context, key, kind string) *holding {
 	for v := ctx.Value(leaseKey{}); v != nil; {
 		h := v.(*holding)
 		if h.c == c && h.lk.hash == key && h.lk.kind == kind {
+			if h.lk.election {
+				return nil // see above
+			}
 			return h
 		}
 		v = h.parent.Value(leaseKey{})

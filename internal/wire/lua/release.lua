@@ -14,7 +14,9 @@
 -- ARGV[5]  the publish command: SPUBLISH (also when absent), or PUBLISH on a
 --          server without sharded pub/sub (see wire.PublishPlain)
 -- Returns  3  handed over to the next waiter: published "g FENCE TOKEN" on
---             that waiter's own channel (only its Client wakes up)
+--             that waiter's own channel (only its Client wakes up), and,
+--             for an election (the hash has vf), "h FENCE" on the
+--             election's channel KEYS[1]:e
 --          1  released, nobody alive in line: published the released fence
 --          2  already released or handed over by this same holding (a retry)
 --          0  not the owner: the lease was lost (expired, taken, or deleted)
@@ -52,6 +54,11 @@ if KEYS[3] and h[4] then
         redis.call('HSET', key, 'o', w, 'f', fs, 'p', ARGV[2])
         redis.call('PEXPIRE', key, math.min(tonumber(wttl), 2 * (tonumber(deadline) - now) + 1000))
         redis.pcall(pub, wch, 'g ' .. fs .. ' ' .. w) -- see the note below
+        -- An election's lock (its hash holds a leader's value): the leader
+        -- changed, and nobody leads until the new holder proclaims, which
+        -- it may never do. Its observers are told on the election's
+        -- channel (wire.ElectionChannel, in the key's slot).
+        if redis.call('HEXISTS', key, 'vf') == 1 then redis.pcall(pub, key .. ':e', 'h ' .. fs) end
         return 3
       end
     end
