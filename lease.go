@@ -353,9 +353,10 @@ func resend(ctx context.Context, v any, err error, failed func(error), send func
 // (as go-redis would): a connection that failed, or a refusal that means
 // the script did not run (the server is loading or read-only, or refuses
 // writes or the slot for now). Any other error reply may come from a
-// script that stopped halfway, and is reported.
+// script that stopped halfway, and is reported; ErrClosed is an acquire
+// that Close ended (runLine), which is not sent again.
 func resendable(err error) bool {
-	if err == nil || isForeign(err) {
+	if err == nil || errors.Is(err, ErrClosed) || isForeign(err) {
 		return false
 	}
 	var reply driver.ReplyError // declared here: it escapes, and a nil err needs none

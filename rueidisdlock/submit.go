@@ -5,13 +5,15 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/dlock-go/dlock/internal/driver"
 	"github.com/redis/rueidis"
 )
 
 // batcher is Submit's pipeliner: concurrent calls are sent together with
 // DoMulti by a few flusher goroutines, under no cancellation, and each
-// caller waits on its own channel or its ctx. A caller whose ctx ends
-// returns at once; the flusher that gets its reply later hands it to late.
+// caller waits on its own channel, its ctx or its stop (the dlock Client's
+// Close). A caller whose ctx ends or whose Client closes returns at once;
+// the flusher that gets its reply later hands it to late.
 // This keeps what running each call aside on a goroutine of its own gave
 // (the caller is bounded by ctx, a late reply is acted on) without a
 // goroutine, a closure and a channel per call: rueidis's own ctx handling
@@ -67,8 +69,9 @@ const (
 
 var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
 
-// do sends cmd and waits for its reply or for ctx; see batcher.
-func (b *batcher) do(ctx context.Context, cmd rueidis.Completed, late func(any, error), goBg func(func()) bool) (any, error) {
+// do sends cmd and waits for its reply, for ctx or for stop (then it
+// returns driver.ErrStopped); see batcher.
+func (b *batcher) do(ctx context.Context, cmd rueidis.Completed, late func(any, error), goBg func(func()) bool, stop <-chan struct{}) (any, error) {
 	p := pendings.Get().(*pending)
 	p.cmd, p.late, p.goBg = cmd, late, goBg
 	p.state.Store(waiting)
@@ -89,6 +92,11 @@ func (b *batcher) do(ctx context.Context, cmd rueidis.Completed, late func(any, 
 			return nil, ctx.Err() // p is the flusher's now
 		}
 		<-p.done // the reply came at the same moment: take it
+	case <-stop:
+		if p.state.CompareAndSwap(waiting, gone) {
+			return nil, driver.ErrStopped // p is the flusher's now
+		}
+		<-p.done
 	}
 	v, err := p.v, p.err
 	p.release()
@@ -148,9 +156,14 @@ func (b *batcher) send(sc *scratch) {
 		}
 		// The caller left: hand the reply to late on a tracked
 		// goroutine (late may send again, which must not wait
-		// behind this flusher's batch).
+		// behind this flusher's batch), or on one of its own once the
+		// Client has closed (its caller may have left at Close): a
+		// grant must still be given back.
 		if late, v, err := p.late, p.v, p.err; late != nil {
-			p.goBg(func() { late(v, err) })
+			f := func() { late(v, err) }
+			if !p.goBg(f) {
+				go f()
+			}
 		}
 		p.release()
 	}
