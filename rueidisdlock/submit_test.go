@@ -3,6 +3,8 @@ package rueidisdlock
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,10 +15,13 @@ import (
 
 // TestBatcherStopThenLateReply: a batched call is written to a paused
 // server (SIGSTOP) and its caller's stop closes, as at the dlock Client's
-// Close: the caller returns driver.ErrStopped at once, though its ctx never
-// ends. The server then resumes and answers; the reply, whose caller left
-// after its Client closed (goBg refuses, as after Close), still reaches
-// late, which is how a grant that came after Close is given back.
+// Close. With goBg accepting (the Client still starts goroutines), the
+// caller returns driver.ErrStopped at once, though its ctx never ends, and
+// the reply, once the server resumes and answers, reaches late on the
+// goroutine goBg started: how a grant that came after Close is given back,
+// with Close waiting for it. With goBg refusing (the Client no longer
+// starts goroutines), the caller waits for the reply and hands it to late
+// before it returns.
 func TestBatcherStopThenLateReply(t *testing.T) {
 	s := redistest.Start(t)
 	// rueidis must not give the connection up while the server is paused:
@@ -29,60 +34,74 @@ func TestBatcherStopThenLateReply(t *testing.T) {
 	b := newConn(rc).batch
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	refuse := func(func()) bool { return false }
-	if _, err := b.do(ctx, rc.B().Ping().Build(), nil, refuse, nil); err != nil {
+	if _, err := b.do(ctx, rc.B().Ping().Build(), nil, nil, nil); err != nil {
 		t.Fatal(err) // the connection is up before the pause
 	}
-
-	s.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			s.Resume()
-		}
-	}()
 	type result struct {
 		v   any
 		err error
 	}
-	late, returned := make(chan result, 1), make(chan result, 1)
-	stop := make(chan struct{})
-	go func() {
-		v, err := b.do(context.Background(), rc.B().Set().Key("stopped").Value("late").Build(),
-			func(v any, err error) { late <- result{v, err} }, refuse, stop)
-		returned <- result{v, err}
-	}()
-	// Wait until a flusher took the call (it is being written), then stop.
-	for {
-		b.mu.Lock()
-		taken := len(b.queue) == 0 && b.running > 0
-		b.mu.Unlock()
-		if taken {
-			break
+	for _, accept := range []bool{true, false} {
+		var started sync.WaitGroup // the goroutines goBg started
+		goBg := func(f func()) bool {
+			if accept {
+				started.Go(f)
+			}
+			return accept
 		}
+		s.Pause()
+		late, returned := make(chan result, 1), make(chan result, 1)
+		var lateRan atomic.Bool
+		stop := make(chan struct{})
+		go func() {
+			v, err := b.do(context.Background(), rc.B().Set().Key("stopped").Value("late").Build(),
+				func(v any, err error) { lateRan.Store(true); late <- result{v, err} }, goBg, stop)
+			if !lateRan.Load() && !accept {
+				err = errors.New("returned before late had the reply")
+			}
+			returned <- result{v, err}
+		}()
+		// Wait until a flusher took the call (it is being written), then stop.
+		for {
+			b.mu.Lock()
+			taken := len(b.queue) == 0 && b.running > 0
+			b.mu.Unlock()
+			if taken {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				s.Resume()
+				t.Fatal("the call never left the batcher's queue")
+			case <-time.After(time.Millisecond):
+			}
+		}
+		close(stop)
+		if accept {
+			select {
+			case r := <-returned:
+				if !errors.Is(r.err, driver.ErrStopped) {
+					t.Errorf("the stopped call returned %v, %v; want driver.ErrStopped", r.v, r.err)
+				}
+			case <-ctx.Done():
+				s.Resume()
+				t.Fatal("the call did not return at stop, the server paused")
+			}
+		}
+		s.Resume()
 		select {
+		case r := <-late:
+			if r.err != nil || r.v != "OK" {
+				t.Errorf("goBg accepting %v: late got %v, %v; want the server's OK", accept, r.v, r.err)
+			}
 		case <-ctx.Done():
-			t.Fatal("the call never left the batcher's queue")
-		case <-time.After(time.Millisecond):
+			t.Fatalf("goBg accepting %v: the reply that came after stop never reached late", accept)
 		}
-	}
-	close(stop)
-	select {
-	case r := <-returned:
-		if !errors.Is(r.err, driver.ErrStopped) {
-			t.Fatalf("the stopped call returned %v, %v; want driver.ErrStopped", r.v, r.err)
+		if !accept {
+			if r := <-returned; !errors.Is(r.err, driver.ErrStopped) {
+				t.Errorf("the stopped call, goBg refusing, returned %v, %v; want driver.ErrStopped once late had the reply", r.v, r.err)
+			}
 		}
-	case <-ctx.Done():
-		t.Fatal("the call did not return at stop, the server paused")
-	}
-	s.Resume()
-	resumed = true
-	select {
-	case r := <-late:
-		if r.err != nil || r.v != "OK" {
-			t.Fatalf("late got %v, %v; want the server's OK", r.v, r.err)
-		}
-	case <-ctx.Done():
-		t.Fatal("the reply that came after stop never reached late (goBg refused)")
+		started.Wait()
 	}
 }

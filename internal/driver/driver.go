@@ -51,10 +51,11 @@ type Conn interface {
 	// for ctx or for stop (nil: none), which the engine closes when its
 	// Client closes; at stop Submit returns ErrStopped. If ctx ends or stop
 	// is closed first the line still runs: late, if not nil, gets its reply
-	// when it comes, on a goroutine that goBg starts, or on one of its own
-	// if goBg refuses (the Client has closed: a grant must still be given
-	// back). A driver whose pipeliner can wait on a ctx only may ignore
-	// stop if every call ends at the client's own timeout: go-redis's does.
+	// when it comes, on a goroutine that goBg starts as the caller leaves
+	// (Close waits for those), or, if goBg refuses (the Client is closing),
+	// before Submit returns: a grant must still be given back. A driver
+	// whose pipeliner can wait on a ctx only may ignore stop if every call
+	// ends at the client's own timeout: go-redis's does.
 	Submit(ctx context.Context, line []any, late func(any, error), goBg func(func()) bool, stop <-chan struct{}) (any, error)
 
 	// Traits says what kind of client this is; it does not change.

@@ -155,7 +155,7 @@ func (c *Conn) Submit(ctx context.Context, line []any, late func(any, error), go
 				late(cmd.Result())
 			}
 			if !goBg(after) {
-				go after() // the Client has closed: a grant must still be given back
+				after() // the Client is closing: the reply is acted on before the caller returns
 			}
 		}
 		return nil, err
