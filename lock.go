@@ -284,7 +284,7 @@ func (h *holding) raced(ctx context.Context) bool {
 	if !h.c.closed.Load() {
 		return false
 	}
-	h.unlockNow(ctx)
+	h.unlockNow(ctx, ErrClosed)
 	return true
 }
 
