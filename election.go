@@ -110,7 +110,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 	if err != nil {
 		// Give the lock on to the next candidate rather than leave it to
 		// its TTL: it cannot be ours with our value.
-		l.h.unlockNow(ctx)
+		l.h.unlockNow(ctx, context.Canceled)
 		return nil, err
 	}
 	e.mu.Lock()
@@ -122,12 +122,18 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 // enter makes e campaign, unless it leads or campaigns already.
 func (e *Election) enter() error {
 	e.mu.Lock()
+	l := e.lease
+	e.mu.Unlock()
+	// Not under e.mu: live may end a lease past its deadline, and the
+	// end is measured (no instrument is called under a lock: see obsNote).
+	leads := l != nil && l.live() == nil
+	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch {
 	case e.campaigns:
 		return nameErr(e.Name(), invalidf("Campaign while another Campaign of this Election runs: an Election is one candidate"))
-	case e.lease != nil && e.lease.live() == nil:
-		return nameErr(e.Name(), invalidf("Campaign while this Election leads (fence %d): Proclaim changes the value", e.lease.Fence()))
+	case leads && e.lease == l:
+		return nameErr(e.Name(), invalidf("Campaign while this Election leads (fence %d): Proclaim changes the value", l.Fence()))
 	}
 	e.campaigns, e.lease = true, nil
 	return nil

@@ -159,7 +159,6 @@ func (h *holding) endOp() {
 // granted makes a waiting holding held: a request sent at sent, carrying
 // ttl, obtained the lock with fence.
 func (h *holding) granted(fence uint64, sent time.Time, ttl time.Duration) {
-	h.c.obs.held(h)
 	h.c.noteFence(h, fence, sent)
 	h.mu.Lock()
 	h.st = held
@@ -170,14 +169,16 @@ func (h *holding) granted(fence uint64, sent time.Time, ttl time.Duration) {
 	}
 	h.proveLocked(sent, ttl)
 	h.mu.Unlock()
+	h.c.obs.held(h) // before the watchdog (or Close) can end it
 	h.c.dog.schedule(h)
 }
 
 // passedIn makes a waiting holding pending: p passes the lock to it. The
 // record goroutine owns its one request slot until the record settles.
-// Called by the passer, before the waiter can see the pass.
+// Called by the passer, under c.mu, before the waiter can see the pass:
+// the waiter observes the lease held when it takes the pass (passedTo),
+// for no instrument may be called under c.mu (see obsNote).
 func (h *holding) passedIn(p *pass, now time.Time) {
-	h.c.obs.held(h)
 	h.mu.Lock()
 	h.st = pending
 	h.busy, h.inRecord = true, true
@@ -286,15 +287,24 @@ func (h *holding) recorded(sent time.Time) bool {
 // end moves a live holding (or, for lose, one on its way out) to a final
 // or ending state and ends its context. It reports whether it did.
 func (h *holding) end(to state, cause error) bool {
+	ok, n := h.endNoted(to, cause)
+	h.c.obs.record(n)
+	return ok
+}
+
+// endNoted is end, leaving what it observed for the caller to record: the
+// metrics of a lease's end follow its context's end (the goroutine that
+// ended it records them next), not under h.mu (see obsNote).
+func (h *holding) endNoted(to state, cause error) (bool, obsNote) {
 	h.mu.Lock()
 	from := h.st
 	ok := from.live() || (to == lost && (from == ending || from == passing))
 	if !ok {
 		h.mu.Unlock()
-		return false
+		return false, obsNote{}
 	}
 	h.st = to
-	h.c.obs.ended(h, from, to) // before the lease context ends: who sees it end sees the metrics
+	n := h.c.obs.ended(h, from, to, cause)
 	if to.final() {
 		h.cause = cause
 	}
@@ -308,13 +318,15 @@ func (h *holding) end(to state, cause error) bool {
 	if to == lost && from.live() {
 		h.c.cfg.logger.Warn("dlock: lease lost", "lock", h.lk.name, "fence", h.fence, "cause", cause)
 	}
-	return true
+	return true, n
 }
 
 // lose ends the holding with cause ErrLockLost (wrapping why).
 func (h *holding) lose(why string) bool {
-	return h.end(lost, fmt.Errorf("%w: %s", ErrLockLost, why))
+	return h.end(lost, lostErr(why))
 }
+
+func lostErr(why string) error { return fmt.Errorf("%w: %s", ErrLockLost, why) }
 
 // giveUp is the start of the last Unlock: the lease ends for its holder
 // (context canceled, no more renewals) before anything is sent.
@@ -329,12 +341,14 @@ func (h *holding) startPass(p *pass) {
 
 // settle makes an ending or passing holding final.
 func (h *holding) settle(to state, cause error) {
+	var n obsNote
 	h.mu.Lock()
 	if h.st == ending || h.st == passing {
 		h.st, h.cause = to, cause
-		h.c.obs.settled(h, to)
+		n = h.c.obs.settled(h, to)
 	}
 	h.mu.Unlock()
+	h.c.obs.record(n)
 }
 
 // closeDown ends a live holding as its Client closes; it reports whether
@@ -373,10 +387,21 @@ func (h *holding) snapshot() (state, error) {
 // expired ends a live holding whose deadline has passed, so that a holder
 // resuming from a pause sees its lease ended before any timer has fired.
 func (h *holding) expired(now time.Time) bool {
+	gone, n := h.expiredNoted(now)
+	h.c.obs.record(n)
+	return gone
+}
+
+// expiredNoted is expired, leaving what it observed for the caller to
+// record (the watchdog records it aside: see Client.watch).
+func (h *holding) expiredNoted(now time.Time) (bool, obsNote) {
 	h.mu.Lock()
 	gone := h.st.live() && !now.Before(h.deadline)
 	h.mu.Unlock()
-	return gone && h.lose("lease deadline passed before renewal")
+	if !gone {
+		return false, obsNote{}
+	}
+	return h.endNoted(lost, lostErr("lease deadline passed before renewal"))
 }
 
 // startRenewal takes h's request slot for a renewal if h is held, renewed

@@ -190,8 +190,15 @@ func (h *holding) causeOr(def error) error {
 // held for as long as it was used, since Unlock was called before its
 // deadline).
 func (l *Lease) Unlock(ctx context.Context) (result error) {
+	defer l.h.c.obs.release(ctx, l).end(&result)
+	return l.unlock(ctx)
+}
+
+// unlock is Unlock unobserved: dlock's own unlock of a lease it could not
+// return (unlockNow) is no call of the user's, and records no release (the
+// hold's end is recorded as always).
+func (l *Lease) unlock(ctx context.Context) error {
 	h := l.h
-	defer h.c.obs.release(ctx, l).end(&result)
 	if err, inner := l.countOut(); inner {
 		return err
 	}
@@ -353,9 +360,10 @@ func resend(ctx context.Context, v any, err error, failed func(error), send func
 // (as go-redis would): a connection that failed, or a refusal that means
 // the script did not run (the server is loading or read-only, or refuses
 // writes or the slot for now). Any other error reply may come from a
-// script that stopped halfway, and is reported.
+// script that stopped halfway, and is reported; ErrClosed is an acquire
+// that Close ended (runLine), which is not sent again.
 func resendable(err error) bool {
-	if err == nil || isForeign(err) {
+	if err == nil || errors.Is(err, ErrClosed) || isForeign(err) {
 		return false
 	}
 	var reply driver.ReplyError // declared here: it escapes, and a nil err needs none
@@ -417,9 +425,11 @@ func (h *holding) finishLater() {
 }
 
 // unlockNow unlocks a holding its caller will not return, even if ctx has
-// ended, within min(TTL, 5s).
-func (h *holding) unlockNow(ctx context.Context) {
+// ended, within min(TTL, 5s). cause is why: ErrClosed (Close raced with
+// the grant) ends the hold as closed.
+func (h *holding) unlockNow(ctx context.Context, cause error) {
+	h.end(ending, cause) // the holding is given up as its lease ends (see giveUp)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(h.lk.ttl, 5*time.Second))
-	_ = h.first.Unlock(rctx)
+	_ = h.first.unlock(rctx)
 	cancel()
 }

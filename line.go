@@ -273,7 +273,7 @@ func (lk *lock) handedOver(ctx context.Context, h *holding, lc *local, f uint64,
 		// WithReplicaAck).
 		if err := h.first.extend(ctx, h.ttl, "hand-over"); err != nil {
 			// Pass the lock on rather than leave it to its short expiry.
-			h.unlockNow(ctx)
+			h.unlockNow(ctx, context.Canceled)
 			return nil, err
 		}
 	}
@@ -283,6 +283,7 @@ func (lk *lock) handedOver(ctx context.Context, h *holding, lc *local, f uint64,
 // passedTo returns the lease of a waiter a holder of this Client passed the
 // lock to (it is pending: see pass.go).
 func (lk *lock) passedTo(ctx context.Context, h *holding) (*Lease, error) {
+	lk.c.obs.held(h) // not by the passer, under c.mu (see holding.passedIn)
 	lk.c.obs.passedTo(ctx, lk)
 	if h.raced(ctx) {
 		return nil, nameErr(lk.name, ErrClosed)
@@ -295,6 +296,7 @@ func (lk *lock) passedTo(ctx context.Context, h *holding) (*Lease, error) {
 // on or released rather than kept.
 func (lk *lock) quit(ctx context.Context, h *holding, w *waiter, cause error) error {
 	if m := lk.c.awake(w); m.pass != nil {
+		lk.c.obs.held(h) // it was held, if only until now (see holding.passedIn)
 		h.giveUp()
 		h.finishLater() // once the pass is recorded, pass it on or release it
 		return lk.stopped(ctx, cause)

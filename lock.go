@@ -212,7 +212,10 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 	late := func(v any, err error) {
 		// The caller gave up before the reply: if it was a grant (or may
 		// have been), give the lock back rather than leave it to its TTL.
-		if a, ok := v.([]any); err != nil || (ok && len(a) >= 2 && a[0] == int64(1)) {
+		// A waiting acquire took a place in line, which is left: the
+		// caller's own give-back may have run before it at Redis (it does
+		// not wait for a call still queued in a pipeliner).
+		if a, ok := v.([]any); err != nil || waited || (ok && len(a) >= 2 && a[0] == int64(1)) {
 			lk.abandon(context.Background(), h.token, ErrLockLost)
 		}
 	}
@@ -281,7 +284,7 @@ func (h *holding) raced(ctx context.Context) bool {
 	if !h.c.closed.Load() {
 		return false
 	}
-	h.unlockNow(ctx)
+	h.unlockNow(ctx, ErrClosed)
 	return true
 }
 

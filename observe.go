@@ -45,9 +45,14 @@ const scope = "github.com/dlock-go/dlock"
 //     dlock.outcome (released, lost: the lease had been lost, canceled,
 //     error) and error.type as above.
 //   - dlock.hold.duration (histogram, s): one per holding (reentrant leases
-//     share one), from when it became held (granted, handed over or passed
-//     to) to when it stopped: its last Unlock was called (dlock.outcome
-//     unlocked), it was found lost (lost), or the Client closed (closed).
+//     share one), from when it became held (granted, handed over, or passed
+//     to and taken by its waiter) to when it stopped: its last Unlock was
+//     called (dlock.outcome unlocked), it was found lost (lost), or the
+//     Client closed (closed). A lock that dlock released itself because
+//     its call could not return it ends closed if Close raced with the
+//     grant, else unlocked (a hand-over that could not be confirmed, a
+//     Campaign that could not publish its value); no
+//     dlock.release.duration is recorded for it.
 //   - dlock.leases.held (up-down counter, {lease}): holdings of this Client
 //     live now, as above.
 //   - dlock.waiters (up-down counter, {call}): acquiring calls of this
@@ -71,7 +76,10 @@ const scope = "github.com/dlock-go/dlock"
 //     holder of the same Client passed the lock to (default mode).
 //
 // A measurement costs no allocation: attribute sets are built once per
-// Client (with WithNameAttribute, one per measurement).
+// Client (with WithNameAttribute, one per measurement). Instruments are
+// called on the goroutine of the event, never under a lock of the
+// Client's: one that blocks holds up that call (or background step) only,
+// but see docs/OBSERVABILITY.md before giving dlock one that may.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *clientConfig) { c.obs.mp = mp }
 }
@@ -388,54 +396,82 @@ func (o *observer) obtainedBy(ctx context.Context, lk *lock, via int) {
 	}
 }
 
-// held observes a holding that became live (granted, handed over or
-// passed to): one more lease held.
+// held observes a holding that became live (granted, handed over, or
+// passed to and taken by its waiter): one more lease held. It takes h.mu,
+// so it is called with no lock of the engine held, like every hook that
+// records: see obsNote.
 func (o *observer) held(h *holding) {
 	if o == nil || (o.m == nil && o.log == nil) {
 		return
 	}
-	h.obsAt = time.Now()
-	if o.m != nil {
+	h.mu.Lock()
+	// Once: and not for a holding that ended before its waiter took the
+	// pass (its end recorded nothing).
+	now := h.st.live() && h.obsAt.IsZero()
+	if now {
+		h.obsAt = time.Now()
+	}
+	h.mu.Unlock()
+	if now && o.m != nil {
 		prim, mode := h.lk.class()
 		o.heldAdd(h.lk, prim, mode, 1)
 	}
 }
 
-// ended observes a holding that went from state from to to (see
-// holding.end): a lease no longer held, and how long it was; a lost one.
-func (o *observer) ended(h *holding, from, to state) {
-	if o == nil {
-		return
+// obsNote is what a hook found under a holding's lock (h.mu), to be
+// recorded once it is released (observer.record). A provider's
+// instruments are the user's code: one that is slow or blocks must hold up
+// only the goroutine that records, never a lock of the engine, which the
+// watchdog and other locks' calls take too. The zero note records nothing.
+type obsNote struct {
+	h     *holding      // nil: nothing to record
+	ended bool          // a lease no longer held: its hold ended, after took
+	end   int           // how (endUnlocked, endLost, endClosed)
+	took  time.Duration //
+	lost  bool          // a holding lost: one more lease lost
+}
+
+// ended observes, under h.mu, a holding that went from state from to to
+// with cause (see holding.end): a lease no longer held, and how long it
+// was; a lost one. The caller records the note after h.mu.
+func (o *observer) ended(h *holding, from, to state, cause error) obsNote {
+	if o == nil || o.m == nil {
+		return obsNote{}
 	}
-	if from.live() && o.m != nil && !h.obsAt.IsZero() {
-		prim, mode := h.lk.class()
-		e := endUnlocked
-		switch to {
-		case lost:
-			e = endLost
-		case closed:
-			e = endClosed
+	n := obsNote{h: h, lost: to == lost}
+	if from.live() && !h.obsAt.IsZero() {
+		n.ended, n.took, n.end = true, time.Since(h.obsAt), endUnlocked
+		switch {
+		case to == lost:
+			n.end = endLost
+		case to == closed || cause == ErrClosed: // closed, or given up as Close raced with its grant (unlockNow)
+			n.end = endClosed
 		}
-		ctx := context.Background()
+	}
+	return n
+}
+
+// settled observes, under h.mu, an ending or passing holding made final: a
+// lost one (Unlock, or a pass record, found the lock no longer its own).
+func (o *observer) settled(h *holding, to state) obsNote {
+	if o == nil || o.m == nil || to != lost {
+		return obsNote{}
+	}
+	return obsNote{h: h, lost: true}
+}
+
+// record records what n noted; called with no lock of the engine held.
+func (o *observer) record(n obsNote) {
+	h := n.h
+	if h == nil {
+		return // o may be nil: notes are made only when it is not
+	}
+	prim, mode := h.lk.class()
+	if n.ended {
 		o.heldAdd(h.lk, prim, mode, -1)
-		o.m.hold.Record(ctx, time.Since(h.obsAt).Seconds(), o.at(o.m.holdAt[prim][mode][e], h.lk).rec...)
+		o.m.hold.Record(context.Background(), n.took.Seconds(), o.at(o.m.holdAt[prim][mode][n.end], h.lk).rec...)
 	}
-	if to == lost {
-		o.lostOne(h)
-	}
-}
-
-// settled observes an ending or passing holding made final: a lost one
-// (Unlock, or a pass record, found the lock no longer its own).
-func (o *observer) settled(h *holding, to state) {
-	if o != nil && to == lost {
-		o.lostOne(h)
-	}
-}
-
-func (o *observer) lostOne(h *holding) {
-	if o.m != nil {
-		prim, mode := h.lk.class()
+	if n.lost {
 		o.m.lost.Add(context.Background(), 1, o.at(o.m.class[prim][mode], h.lk).add...)
 	}
 }

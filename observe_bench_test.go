@@ -61,18 +61,23 @@ func BenchmarkObserveHooks(b *testing.B) {
 }
 
 // observeCycle runs the hooks of one uncontended Lock and Unlock, in the
-// order the engine runs them.
+// order the engine runs them, on a holding of their own.
 func observeCycle(c *Client, lk *lock) {
+	h := &holding{c: c, lk: lk, token: "t", st: held}
+	h.first.h = h
+	observeHooks(c, lk, h)
+}
+
+// observeHooks is observeCycle on h, held.
+func observeHooks(c *Client, lk *lock, h *holding) {
 	ctx := context.Background()
 	var l *Lease
 	var err error
 	p := c.obs.acquire(&ctx, lk, callLock)
-	h := &holding{c: c, lk: lk, token: "t", st: held}
-	h.first.h = h
 	c.obs.held(h)
 	l = &h.first
 	p.end(&l, &err)
 	r := c.obs.release(context.Background(), l)
-	c.obs.ended(h, held, ending)
+	c.obs.record(c.obs.ended(h, held, ending, context.Canceled))
 	r.end(&err)
 }

@@ -172,11 +172,23 @@ func (c *Client) runLine(ctx context.Context, s *script, args []any, urgent bool
 	n := c.inflight.Add(1)
 	defer c.inflight.Add(-1)
 	if c.tr.Pipelined && (n > pipelineAbove && !urgent || c.tr.EagerSubmit && ctx.Done() != nil) {
-		v, err := c.pipelined(ctx, s, args, late)
+		// An acquire (doubt) is a waiting call, which Close ends; a
+		// release runs to its reply or ctx, as it would on a pooled
+		// connection.
+		var stop <-chan struct{}
+		if doubt != nil {
+			stop = c.bg.Done()
+		}
+		v, err := c.pipelined(ctx, s, args, late, stop)
 		if err != nil && doubt != nil {
 			// Ask again with the same line, as on a pooled connection (an
 			// acquire that ran finds the lock its token's).
-			v, err = resend(ctx, v, err, func(error) { *doubt = true }, func() (any, error) { return c.pipelined(ctx, s, args, late) })
+			v, err = resend(ctx, v, err, func(error) { *doubt = true }, func() (any, error) {
+				if c.closed.Load() {
+					return nil, ErrClosed // not sent: Close ends a waiting call
+				}
+				return c.pipelined(ctx, s, args, late, stop)
+			})
 		}
 		return v, err
 	}
@@ -208,9 +220,10 @@ func (c *Client) direct(ctx context.Context, s *script, args []any, once bool, l
 // batching pipeliner (see driver.Conn.Submit), loading s on NOSCRIPT.
 // Every call goes in sent once: the engine resends what go-redis would
 // have (runLine: an acquire, with the same token; holding.release: a
-// release).
-func (c *Client) pipelined(ctx context.Context, s *script, args []any, late func(any, error)) (any, error) {
-	v, err := c.drv.Submit(ctx, args, late, c.spawn)
+// release). stop, if not nil, is c.bg's: the caller returns ErrClosed when
+// the Client closes before the reply (late gets the reply then).
+func (c *Client) pipelined(ctx context.Context, s *script, args []any, late func(any, error), stop <-chan struct{}) (any, error) {
+	v, err := c.drv.Submit(ctx, args, late, c.spawn, stop)
 	if err != nil && isNoScript(err) {
 		// Load it (on every shard of a cluster) and send it again. The
 		// load goes on a pooled connection: aside, so that a server that
@@ -218,7 +231,10 @@ func (c *Client) pipelined(ctx context.Context, s *script, args []any, late func
 		if _, lerr := c.aside(ctx, func(ctx context.Context) (any, error) { return nil, c.drv.LoadScript(ctx, s.src) }, nil); lerr != nil {
 			return nil, lerr
 		}
-		v, err = c.drv.Submit(ctx, args, late, c.spawn)
+		v, err = c.drv.Submit(ctx, args, late, c.spawn, stop)
+	}
+	if errors.Is(err, driver.ErrStopped) {
+		return nil, ErrClosed
 	}
 	return v, err
 }

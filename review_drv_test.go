@@ -163,12 +163,6 @@ func TestReviewWaiterAfterRestart(t *testing.T) {
 // the calls' failure), while the server is still stopped (each call is
 // bounded by the client's 3s).
 func TestReviewCloseWhileServerStopped(t *testing.T) {
-	// Over rueidis off Cluster, calls are batched (rueidisdlock/submit.go):
-	// a caller waits for its reply or its ctx, not for Close, and a batch
-	// sent to a stopped server is not answered until it resumes, so the
-	// Lock here ran on after Close until its ctx ended. An open defect of
-	// the batching, not of the engine's Close (docs/SAFETY.md).
-	skipOnRueidis(t, "a batched call to a stopped server ends at its ctx, not at Close (an open defect)")
 	ctx := ctxT(t, 60*time.Second)
 	site := startS(t)
 	c, _ := site.client(t)

@@ -152,7 +152,8 @@ func (c *Client) watch() {
 		var batch []*holding
 		var ttls []time.Duration
 		for _, h := range due {
-			if h.expired(now) {
+			if gone, n := h.expiredNoted(now); gone {
+				c.recordAside(n) // a slow instrument must not hold up the renewals of other leases
 				continue
 			}
 			if ttl, ok := h.startRenewal(); ok {
@@ -213,28 +214,60 @@ func (c *Client) renew(batch []*holding, ttls []time.Duration) {
 	} else {
 		cmds, short = c.runExtends(ctx, calls)
 	}
+	// Every reply is applied before anything is recorded: a slow
+	// instrument holds up this goroutine only once no lease of the batch
+	// waits for it.
+	var seen []renewSeen
+	if c.obs != nil {
+		seen = make([]renewSeen, len(batch))
+	}
 	for i, h := range batch {
 		v, err := replyInt(cmds[i])
 		if err == nil && v == 1 && short[i] != nil {
 			// It ran, but a failover now could lose it: as if unknown.
 			err = short[i]
 		}
+		r := renewOK
+		var n obsNote
 		switch {
 		case err == nil && v == 1:
 			h.proved(sent, ttls[i])
-			c.obs.renewed(h, renewOK)
 		case err == nil || isForeign(err):
-			c.obs.renewed(h, renewLost)
-			h.lose("renewal found the lock gone")
+			r = renewLost
+			_, n = h.endNoted(lost, lostErr("renewal found the lock gone"))
 		default:
 			// Unknown: it may have run (its TTL counts), or not (the
 			// deadline stands). Try again soon.
+			r = renewError
 			c.cfg.logger.Debug("dlock: renewal failed", "lock", h.lk.name, "err", err)
 			c.clusterHint(err)
 			h.doubted(sent, ttls[i])
-			c.obs.renewed(h, renewError)
 		}
 		h.endOp()
+		if seen != nil {
+			seen[i] = renewSeen{r, n}
+		}
+	}
+	for i, s := range seen {
+		c.obs.renewed(batch[i], s.r)
+		c.obs.record(s.n)
+	}
+}
+
+// renewSeen is what a renewal observed: its outcome, and a loss it found.
+type renewSeen struct {
+	r int
+	n obsNote
+}
+
+// recordAside records n on a goroutine of its own (one that may wait for
+// a slow instrument), or here if none may start (the Client is closing).
+func (c *Client) recordAside(n obsNote) {
+	if n.h == nil {
+		return
+	}
+	if !c.goBg(func() { c.obs.record(n) }) {
+		c.obs.record(n)
 	}
 }
 

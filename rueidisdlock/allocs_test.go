@@ -74,12 +74,13 @@ func TestCallAllocs(t *testing.T) {
 	key := "dlock:{allocs}"
 	line := []any{"evalsha", &sha, "1", &key, "tok", "10000"}
 	goBg := func(f func()) bool { go f(); return true }
+	stop := make(chan struct{}) // an acquire's: the Client's Close (never here)
 	for _, tc := range []struct {
 		name string
 		call func() (any, error)
 	}{
 		{"Do", func() (any, error) { return k.Do(context.Background(), line, true) }},
-		{"Submit", func() (any, error) { return k.Submit(ctx, line, nil, goBg) }},
+		{"Submit", func() (any, error) { return k.Submit(ctx, line, nil, goBg, stop) }},
 	} {
 		// AllocsPerRun counts every goroutine's allocations: the least of
 		// a few runs leaves out what the process did meanwhile (the test

@@ -167,14 +167,15 @@ func pipe(ctx context.Context, c rueidis.CoreClient, lines [][]any) []driver.Rep
 }
 
 // Submit implements driver.Conn through the batcher (off Cluster; Traits
-// says so): the caller returns when ctx ends and late gets the reply that
-// comes after. rueidis resends no line built with Arbitrary, so every line
-// is sent once. On a Cluster dlock never calls it; it then runs as Do.
-func (k *conn) Submit(ctx context.Context, line []any, late func(any, error), goBg func(func()) bool) (any, error) {
+// says so): the caller returns when ctx ends or stop is closed, and late
+// gets the reply that comes after. rueidis resends no line built with
+// Arbitrary, so every line is sent once. On a Cluster dlock never calls
+// it; it then runs as Do.
+func (k *conn) Submit(ctx context.Context, line []any, late func(any, error), goBg func(func()) bool, stop <-chan struct{}) (any, error) {
 	if k.batch == nil {
 		return k.Do(ctx, line, true)
 	}
-	return k.batch.do(ctx, build(k.c.B(), line), late, goBg)
+	return k.batch.do(ctx, build(k.c.B(), line), late, goBg, stop)
 }
 
 func (k *conn) Node(ctx context.Context, key string) (driver.Node, error) {

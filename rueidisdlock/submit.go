@@ -5,13 +5,16 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/dlock-go/dlock/internal/driver"
 	"github.com/redis/rueidis"
 )
 
 // batcher is Submit's pipeliner: concurrent calls are sent together with
 // DoMulti by a few flusher goroutines, under no cancellation, and each
-// caller waits on its own channel or its ctx. A caller whose ctx ends
-// returns at once; the flusher that gets its reply later hands it to late.
+// caller waits on its own channel, its ctx or its stop (the dlock Client's
+// Close). A caller whose ctx ends or whose Client closes returns at once,
+// leaving a goroutine of the Client's (one that Close waits for) to wait
+// for the reply and hand it to late.
 // This keeps what running each call aside on a goroutine of its own gave
 // (the caller is bounded by ctx, a late reply is acted on) without a
 // goroutine, a closure and a channel per call: rueidis's own ctx handling
@@ -47,12 +50,11 @@ type scratch struct {
 const maxFlushers = 4
 
 // pending is one call waiting for its reply. state says who owns it once
-// the reply comes: the caller (answered) or the flusher (gone: the caller
-// left at ctx's end, so the flusher hands the reply to late).
+// the reply comes: the caller (answered), or, once the caller left (gone),
+// the goroutine that waits for late, or the flusher if late is nil.
 type pending struct {
 	cmd   rueidis.Completed
 	late  func(any, error)
-	goBg  func(func()) bool
 	state atomic.Int32
 	done  chan struct{} // buffered 1: the flusher's signal that v and err are set
 	v     any
@@ -67,10 +69,11 @@ const (
 
 var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
 
-// do sends cmd and waits for its reply or for ctx; see batcher.
-func (b *batcher) do(ctx context.Context, cmd rueidis.Completed, late func(any, error), goBg func(func()) bool) (any, error) {
+// do sends cmd and waits for its reply, for ctx or for stop (then it
+// returns driver.ErrStopped); see batcher.
+func (b *batcher) do(ctx context.Context, cmd rueidis.Completed, late func(any, error), goBg func(func()) bool, stop <-chan struct{}) (any, error) {
 	p := pendings.Get().(*pending)
-	p.cmd, p.late, p.goBg = cmd, late, goBg
+	p.cmd, p.late = cmd, late
 	p.state.Store(waiting)
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
@@ -82,14 +85,36 @@ func (b *batcher) do(ctx context.Context, cmd rueidis.Completed, late func(any, 
 	if start {
 		go b.flushFn()
 	}
+	var err error
 	select {
 	case <-p.done:
+		return p.take()
 	case <-ctx.Done():
-		if p.state.CompareAndSwap(waiting, gone) {
-			return nil, ctx.Err() // p is the flusher's now
-		}
-		<-p.done // the reply came at the same moment: take it
+		err = ctx.Err()
+	case <-stop:
+		err = driver.ErrStopped
 	}
+	if !p.state.CompareAndSwap(waiting, gone) {
+		<-p.done // the reply came at the same moment: take it
+		return p.take()
+	}
+	if late != nil {
+		// The reply goes to late from a goroutine that waits for it
+		// (late may send again, which must not wait behind a flusher's
+		// batch); one of the Client's, so that Close waits for it.
+		wait := func() {
+			<-p.done
+			late(p.take())
+		}
+		if !goBg(wait) {
+			wait() // the Client is closing: the reply is acted on before the caller returns
+		}
+	}
+	return nil, err
+}
+
+// take returns the reply and puts p back in the pool.
+func (p *pending) take() (any, error) {
 	v, err := p.v, p.err
 	p.release()
 	return v, err
@@ -142,21 +167,15 @@ func (b *batcher) send(sc *scratch) {
 		if moved {
 			p.v, p.err = nil, errReplaced
 		}
-		if p.state.CompareAndSwap(waiting, answered) {
-			p.done <- struct{}{} // from here p is the caller's
+		if p.state.CompareAndSwap(waiting, answered) || p.late != nil {
+			p.done <- struct{}{} // from here p is its caller's, or its late's
 			continue
 		}
-		// The caller left: hand the reply to late on a tracked
-		// goroutine (late may send again, which must not wait
-		// behind this flusher's batch).
-		if late, v, err := p.late, p.v, p.err; late != nil {
-			p.goBg(func() { late(v, err) })
-		}
-		p.release()
+		p.release() // its caller left, and nobody wants the reply
 	}
 }
 
 func (p *pending) release() {
-	p.cmd, p.late, p.goBg, p.v, p.err = rueidis.Completed{}, nil, nil, nil, nil
+	p.cmd, p.late, p.v, p.err = rueidis.Completed{}, nil, nil, nil
 	pendings.Put(p)
 }

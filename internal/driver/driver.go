@@ -19,6 +19,7 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -46,11 +47,16 @@ type Conn interface {
 	LoadScript(ctx context.Context, src string) error
 
 	// Submit runs line, sent once, through the client's shared batching
-	// pipeliner (Pipelined says whether it has one) and waits for its reply
-	// or for ctx. If ctx ends first the line still runs: late, if not nil,
-	// gets its reply when it comes, on a goroutine that goBg starts (if
-	// goBg refuses, the reply is dropped).
-	Submit(ctx context.Context, line []any, late func(any, error), goBg func(func()) bool) (any, error)
+	// pipeliner (Pipelined says whether it has one) and waits for its reply,
+	// for ctx or for stop (nil: none), which the engine closes when its
+	// Client closes; at stop Submit returns ErrStopped. If ctx ends or stop
+	// is closed first the line still runs: late, if not nil, gets its reply
+	// when it comes, on a goroutine that goBg starts as the caller leaves
+	// (Close waits for those), or, if goBg refuses (the Client is closing),
+	// before Submit returns: a grant must still be given back. A driver
+	// whose pipeliner can wait on a ctx only may ignore stop if every call
+	// ends at the client's own timeout: go-redis's does.
+	Submit(ctx context.Context, line []any, late func(any, error), goBg func(func()) bool, stop <-chan struct{}) (any, error)
 
 	// Traits says what kind of client this is; it does not change.
 	Traits() Traits
@@ -60,6 +66,10 @@ type Conn interface {
 	// the map is stale. Other clients ignore it.
 	ReloadSlots()
 }
+
+// ErrStopped is Submit's error when its stop channel closed before the
+// reply came.
+var ErrStopped = errors.New("the call's wait was stopped")
 
 // Traits are the fixed facts about a Conn the engine branches on.
 type Traits struct {

@@ -140,15 +140,23 @@ func (c *Conn) LoadScript(ctx context.Context, src string) error {
 // keeps commands that must not be resent out of its fastest path, which
 // costs every call of a batch that mixes them (a quarter of the throughput
 // with only releases marked). The engine resends what go-redis would have.
-func (c *Conn) Submit(ctx context.Context, line []any, late func(any, error), goBg func(func()) bool) (any, error) {
+//
+// stop is ignored: the future waits on a ctx only, and one that also ended
+// at stop would cost every call a context and its registration with the
+// Client's; a batch ends at the client's read timeout, which is what a
+// pooled call to a stopped server waits for too.
+func (c *Conn) Submit(ctx context.Context, line []any, late func(any, error), goBg func(func()) bool, _ <-chan struct{}) (any, error) {
 	cmd := redis.NewCmd(ctx, line...)
 	f := c.ap.Submit(ctx, onceCmd{cmd})
 	if err := f.WaitContext(ctx); err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		if late != nil {
-			goBg(func() {
+			after := func() {
 				_ = f.Wait()
 				late(cmd.Result())
-			})
+			}
+			if !goBg(after) {
+				after() // the Client is closing: the reply is acted on before the caller returns
+			}
 		}
 		return nil, err
 	}
