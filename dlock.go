@@ -251,7 +251,11 @@ func newClient(drv driver.Conn, cfg clientConfig) *Client {
 // ErrClosed. A lock taken, passed or handed over to a call as Close runs is
 // released by that call, which returns ErrClosed. Close is idempotent and
 // does not close the Redis client. Calls of Close at the same time all
-// return once it is done.
+// return once it is done. Close waits for the replies of calls still in
+// flight, so that a grant arriving late is given back: the Redis client's
+// I/O timeout bounds that wait (go-redis's ReadTimeout, rueidis's
+// ConnWriteTimeout), so leave it on; with it turned off, Close on a server
+// that stopped answering waits until it answers again.
 func (c *Client) Close() error {
 	c.closeOnce.Do(c.close)
 	return nil
