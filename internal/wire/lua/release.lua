@@ -58,7 +58,7 @@ if KEYS[3] and h[4] then
         -- changed, and nobody leads until the new holder proclaims, which
         -- it may never do. Its observers are told on the election's
         -- channel (wire.ElectionChannel, in the key's slot).
-        if redis.call('HEXISTS', key, 'vf') == 1 then redis.pcall(pub, key .. ':e', 'h ' .. fs) end
+        if redis.call('HGET', key, 'vf') then redis.pcall(pub, key .. ':e', 'h ' .. fs) end
         return 3
       end
     end
