@@ -126,7 +126,34 @@ func everyPrimitive(t *testing.T, ctx context.Context, a, b *dlock.Client, renew
 	if err := w.Unlock(ctx); err != nil {
 		t.Fatalf("watchdog lease Unlock: %v", err)
 	}
-	for _, key := range []string{"dlock:{m}", "dlock:{f}", "dlock:{rw}", "dlock:{s}", "dlock:{wd}"} {
+	// Election: a leads and proclaims; b observes it, then campaigns and
+	// is handed the leadership by a's Resign.
+	ea, eb := a.Election("e", dlock.TTL(heldTTL)), b.Election("e", dlock.TTL(heldTTL))
+	lead := got(ea.Campaign(ctx, "a1"))
+	if err := ea.Proclaim(ctx, "a2"); err != nil {
+		t.Fatalf("Election Proclaim: %v", err)
+	}
+	octx, stop := context.WithCancel(ctx)
+	reports := eb.Observe(octx)
+	waitFor(t, ctx, "the observer to see a2", func() bool {
+		select {
+		case r := <-reports:
+			return r.Value == "a2" && r.Fence == lead.Fence()
+		default:
+			return false
+		}
+	})
+	stop()
+	if v, f, err := eb.Leader(ctx); err != nil || v != "a2" || f != lead.Fence() {
+		t.Fatalf("Election Leader = %q, %d, %v; want a2, %d", v, f, err, lead.Fence())
+	}
+	notified("Election", func(context.Context) (*dlock.Lease, error) { return lead, nil },
+		func(ctx context.Context) (*dlock.Lease, error) { return eb.Campaign(ctx, "b1") },
+		inLine("dlock:{e}"))
+	if _, _, err := ea.Leader(ctx); !errors.Is(err, dlock.ErrNoLeader) {
+		t.Fatalf("Election Leader after the last Resign: %v, want ErrNoLeader", err)
+	}
+	for _, key := range []string{"dlock:{m}", "dlock:{f}", "dlock:{rw}", "dlock:{s}", "dlock:{wd}", "dlock:{e}"} {
 		if o := admin.HGet(ctx, key, "o").Val(); o != "" {
 			t.Errorf("%s still owned by %q after every Unlock", key, o)
 		}
