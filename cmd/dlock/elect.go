@@ -126,20 +126,9 @@ func runElect(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer signal.Stop(sigs)
 
 	f, value, help, err := parseElectFlags(args, stdout)
-	if help {
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "dlock elect: %v (see dlock elect -h)\n", err)
-		return exitUsage
-	}
-	srv, err := connectRun(ctx, f, stderr)
-	if err != nil {
-		if ctx.Err() != nil {
-			return exitInterrupted
-		}
-		fmt.Fprintf(stderr, "dlock elect: %v\n", err)
-		return connectExitCode(err)
+	srv, code, ok := startRun(ctx, "dlock elect", f, help, err, stderr)
+	if !ok {
+		return code
 	}
 	client := dlock.New(srv.rdbs[0], dlock.WithPrefix(f.prefix))
 	defer closeWithin(runCloseTimeout, client.Close, srv.close)

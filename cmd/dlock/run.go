@@ -308,6 +308,28 @@ func usageOrHelp(err error, fs *flag.FlagSet, usage string, stdout io.Writer) (b
 // checkName refuses lock names the library would refuse.
 func checkName(name string) error { return wire.CheckName(name) }
 
+// startRun ends a command of dlock run's kind (run, elect) at -h or a
+// usage error from its flags' parsing, and otherwise connects to the
+// servers its flags name; ok false: exit with code.
+func startRun(ctx context.Context, cmd string, f runFlags, help bool, err error, stderr io.Writer) (srv lockServers, code int, ok bool) {
+	if help {
+		return srv, exitOK, false
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", cmd, err, cmd)
+		return srv, exitUsage, false
+	}
+	srv, err = connectRun(ctx, f, stderr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return srv, exitInterrupted, false
+		}
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+		return srv, connectExitCode(err), false
+	}
+	return srv, 0, true
+}
+
 // runRun is "dlock run".
 func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// Catch the signals before anything can block, so that none of them
@@ -317,20 +339,9 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer signal.Stop(sigs)
 
 	f, help, err := parseRunFlags(args, stdout)
-	if help {
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "dlock run: %v (see dlock run -h)\n", err)
-		return exitUsage
-	}
-	srv, err := connectRun(ctx, f, stderr)
-	if err != nil {
-		if ctx.Err() != nil {
-			return exitInterrupted
-		}
-		fmt.Fprintf(stderr, "dlock run: %v\n", err)
-		return connectExitCode(err)
+	srv, code, ok := startRun(ctx, "dlock run", f, help, err, stderr)
+	if !ok {
+		return code
 	}
 	var client *dlock.Client
 	if srv.quorum() {
