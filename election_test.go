@@ -30,6 +30,20 @@ func wantLeader(t *testing.T, ctx context.Context, e *dlock.Election, value stri
 	}
 }
 
+// wantExpiryReported fails the test unless Observe's next report (on
+// seen) is the zero Leader, as it is once the leader's lock expired.
+func wantExpiryReported(t *testing.T, ctx context.Context, seen <-chan dlock.Leader) {
+	t.Helper()
+	select {
+	case got := <-seen:
+		if got != (dlock.Leader{}) {
+			t.Fatalf("report %+v, want the zero Leader once the lock expired", got)
+		}
+	case <-ctx.Done():
+		t.Fatal("the expiry of the leader's lock was never reported")
+	}
+}
+
 // Candidates of three Clients lead in arrival order, each term's fence
 // above the last, and Leader names each leader in turn.
 func TestElectionFencesIncrease(t *testing.T) {
@@ -223,16 +237,7 @@ func TestElectionObserveOrder(t *testing.T) {
 	seen := cs[2].Election(name).Observe(octx)
 	next := func(what string) dlock.Leader {
 		t.Helper()
-		select {
-		case l, ok := <-seen:
-			if !ok {
-				t.Fatalf("Observe's channel closed while waiting for %s", what)
-			}
-			return l
-		case <-ctx.Done():
-			t.Fatalf("Observe reported nothing while waiting for %s", what)
-		}
-		return dlock.Leader{}
+		return nextLeader(t, seen, 10*time.Second, what)
 	}
 	if l := next("the first report"); l != (dlock.Leader{}) {
 		t.Fatalf("first report %+v, want the zero Leader (nobody leads)", l)
@@ -331,14 +336,7 @@ func TestElectionObserveExpiry(t *testing.T) {
 	if got := <-seen; got != (dlock.Leader{Value: "brief", Fence: l.Fence()}) {
 		t.Fatalf("first report %+v", got)
 	}
-	select {
-	case got := <-seen:
-		if got != (dlock.Leader{}) {
-			t.Fatalf("report %+v, want the zero Leader once the lock expired", got)
-		}
-	case <-ctx.Done():
-		t.Fatal("the expiry of the leader's lock was never reported")
-	}
+	wantExpiryReported(t, ctx, seen)
 }
 
 // A leader first heard of by its message (the observer started with nobody
@@ -359,14 +357,7 @@ func TestElectionObserveExpiryOfALeaderHeardOf(t *testing.T) {
 	if got := <-seen; got != (dlock.Leader{Value: "brief", Fence: l.Fence()}) {
 		t.Fatalf("report %+v, want the new leader", got)
 	}
-	select {
-	case got := <-seen:
-		if got != (dlock.Leader{}) {
-			t.Fatalf("report %+v, want the zero Leader once the lock expired", got)
-		}
-	case <-ctx.Done():
-		t.Fatal("the expiry of the leader's lock was never reported")
-	}
+	wantExpiryReported(t, ctx, seen)
 }
 
 // Bad input is refused with ErrInvalidArgument, saying what is wrong.

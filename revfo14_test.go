@@ -32,7 +32,7 @@ func TestRevFo14FirstCallAfterFailover(t *testing.T) {
 	if onRueidis() {
 		waitWithin(t, ctx, failoverBound, "the client to follow the promoted replica", func() bool {
 			list, _ := r.Primary.Do(t, "CLIENT", "LIST").(string)
-			return ranCommand(list, "revfo14-first")
+			return redistest.RanCommand(list, "revfo14-first")
 		})
 	}
 	l, err := c.Mutex("revfo14-first").TryLock(ctx)
@@ -80,7 +80,7 @@ func TestRevFo14AckedFirstCallAfterFailover(t *testing.T) {
 			if onRueidis() {
 				waitWithin(t, ctx, failoverBound, "the client to follow the promoted replica", func() bool {
 					list, _ := r.Primary.Do(t, "CLIENT", "LIST").(string)
-					return ranCommand(list, "revfo14-acked")
+					return redistest.RanCommand(list, "revfo14-acked")
 				})
 			}
 			switch first {

@@ -191,18 +191,12 @@ func startR(t *testing.T) *site {
 			}
 			promoted := r.Replica
 			waitWithin(t, ctx, failoverBound, "the sentinels to promote the replica", func() bool {
-				for _, s := range r.Sentinels {
-					a, _ := s.Do(t, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", redistest.SentinelMaster).([]any)
-					if len(a) != 2 || fmt.Sprint(a[1]) != fmt.Sprint(promoted.Port()) {
-						return false
-					}
-				}
-				return role(t, promoted) == "master"
+				return r.NamedPrimary(t, promoted)
 			})
 			waitWithin(t, ctx, failoverBound, "every waiting Client to connect to the promoted replica", func() bool {
 				list, _ := promoted.Do(t, "CLIENT", "LIST").(string)
 				for _, n := range names {
-					if !ranCommand(list, n) {
+					if !redistest.RanCommand(list, n) {
 						return false
 					}
 				}
@@ -271,29 +265,6 @@ func childRedis(addr string) redis.UniversalClient {
 		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(list, ","), PoolSize: 64})
 	}
 	return redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64})
-}
-
-// ranCommand reports whether CLIENT LIST (list) shows a connection named
-// name that ran a command past its handshake. A client has followed the
-// promoted replica once it does: go-redis sends a command on it, rueidis
-// asks it for its ROLE and moves to it a moment after the answer. A
-// connection still in its handshake does not show that: rueidis could yet
-// read the old primary's replies before it moves, as any client that has
-// not heard of the switch would (fault 6).
-func ranCommand(list, name string) bool {
-	for _, line := range strings.Split(list, "\n") {
-		if !strings.Contains(line, " name="+name+" ") {
-			continue
-		}
-		_, cmd, _ := strings.Cut(line, " cmd=")
-		cmd, _, _ = strings.Cut(cmd, " ")
-		switch cmd {
-		case "", "NULL", "hello", "auth", "select", "info", "client|setname", "client|setinfo":
-		default:
-			return true
-		}
-	}
-	return false
 }
 
 // role returns what ROLE says s is: master, slave or sentinel.

@@ -2,8 +2,6 @@ package rueidisdlock_test
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -75,48 +73,9 @@ func replacedPrimaryReply(t *testing.T, tryCtx func() context.Context) {
 	}
 	old, promoted := r.Primary, r.Replica
 	old.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			old.Resume()
-		}
-	}()
-	type result struct {
-		l   *dlock.Lease
-		err error
-	}
-	got := make(chan result, 1)
-	tctx := tryCtx()
-	go func() {
-		l, err := waiter.Mutex(name, dlock.TTL(time.Minute)).TryLock(tctx)
-		got <- result{l, err}
-	}()
-	waitUntil(t, ctx, "the sentinels to promote the replica", func() bool {
-		for _, s := range r.Sentinels {
-			a, _ := s.Do(t, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", redistest.SentinelMaster).([]any)
-			if len(a) != 2 || fmt.Sprint(a[1]) != fmt.Sprint(promoted.Port()) {
-				return false
-			}
-		}
-		role, _ := promoted.Do(t, "ROLE").([]any)
-		return len(role) > 0 && fmt.Sprint(role[0]) == "master"
-	})
-	waitUntil(t, ctx, "the waiter's client to move to the promoted replica", func() bool {
-		list, _ := promoted.Do(t, "CLIENT", "LIST").(string)
-		return ranCommand(list, "replaced-waiter")
-	})
-	old.Resume()
-	resumed = true
-	old.Do(t, "PING") // answered once it ran what it had queued
-	if o, _ := old.Do(t, "HGET", key, wire.FieldOwner).(string); o == "" {
-		t.Fatal("the resumed old primary granted no queued acquire: the test does not reproduce the fault")
-	}
-	var res result
-	select {
-	case res = <-got:
-	case <-ctx.Done():
-		t.Fatal("TryLock did not return")
-	}
+	t.Cleanup(old.Resume)
+	res := resumeReplaced(t, ctx, r, old, promoted, "replaced-waiter", key,
+		goTryLock(tryCtx(), waiter.Mutex(name, dlock.TTL(time.Minute))))
 	if res.err != nil {
 		t.Fatalf("TryLock: %v, want the lock (free on the promoted replica)", res.err)
 	}
@@ -126,24 +85,48 @@ func replacedPrimaryReply(t *testing.T, tryCtx func() context.Context) {
 	}
 }
 
-// ranCommand reports whether CLIENT LIST (list) shows a connection named
-// name that ran a command past its handshake: rueidis asks a new primary
-// for its ROLE and moves to it a moment after the answer. (A connection
-// still in its handshake does not show that: rueidis could yet read the
-// old primary's replies before it moves, as any client that has not heard
-// of the switch would, fault 6.)
-func ranCommand(list, name string) bool {
-	for _, line := range strings.Split(list, "\n") {
-		if !strings.Contains(line, " name="+name+" ") {
-			continue
-		}
-		_, cmd, _ := strings.Cut(line, " cmd=")
-		cmd, _, _ = strings.Cut(cmd, " ")
-		switch cmd {
-		case "", "NULL", "hello", "auth", "select", "info", "client|setname", "client|setinfo":
-		default:
-			return true
-		}
+// tryResult is what a TryLock returned.
+type tryResult struct {
+	l   *dlock.Lease
+	err error
+}
+
+// goTryLock runs m.TryLock(ctx) in a goroutine, which sends its result.
+func goTryLock(ctx context.Context, m *dlock.Mutex) <-chan tryResult {
+	got := make(chan tryResult, 1)
+	go func() {
+		l, err := m.TryLock(ctx)
+		got <- tryResult{l, err}
+	}()
+	return got
+}
+
+// resumeReplaced ends a failover that a stopped (SIGSTOP) primary, old,
+// went through with an acquire of key queued, sent by the TryLock whose
+// result comes on got: it waits until the sentinels have promoted
+// promoted and the rueidis client named waiter has run a command on it,
+// resumes old, fails t unless old then granted the acquire it had queued
+// (else the test does not reproduce the fault), and returns what TryLock
+// returned.
+func resumeReplaced(t *testing.T, ctx context.Context, r *redistest.Replicated, old, promoted *redistest.Server, waiter, key string, got <-chan tryResult) tryResult {
+	t.Helper()
+	redistest.WaitUntil(t, ctx, "the sentinels to promote "+promoted.Addr(), func() bool {
+		return r.NamedPrimary(t, promoted)
+	})
+	redistest.WaitUntil(t, ctx, "the client "+waiter+" to follow "+promoted.Addr(), func() bool {
+		list, _ := promoted.Do(t, "CLIENT", "LIST").(string)
+		return redistest.RanCommand(list, waiter)
+	})
+	old.Resume()
+	old.Do(t, "PING") // answered once it ran what it had queued
+	if o, _ := old.Do(t, "HGET", key, wire.FieldOwner).(string); o == "" {
+		t.Fatalf("the resumed old primary %s granted no queued acquire: the test does not reproduce the fault", old.Addr())
 	}
-	return false
+	select {
+	case res := <-got:
+		return res
+	case <-ctx.Done():
+		t.Fatal("TryLock did not return")
+	}
+	return tryResult{}
 }

@@ -14,18 +14,6 @@ import (
 	"github.com/dlock-go/dlock/internal/wire"
 )
 
-// waitUntil polls cond every 5ms until it holds or ctx ends.
-func waitUntil(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not by the test's deadline", what)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-}
-
 // TestPausedServerLateGrantGivenBack: the server is paused (SIGSTOP) with
 // a Lock's acquire written to it. Lock returns when its ctx ends, not when
 // the server answers; once the server is resumed it grants the acquire,
@@ -71,8 +59,8 @@ func TestPausedServerLateGrantGivenBack(t *testing.T) {
 	s.Resume()
 	resumed = true
 	// The acquire ran once the server went on: its fence moved on.
-	waitUntil(t, ctx, "the written acquire run at Redis", func() bool { return rdb.HGet(ctx, key, wire.FieldFence).Val() != fence })
-	waitUntil(t, ctx, "the late grant given back (its TTL is a minute)", func() bool { return !rdb.HExists(ctx, key, wire.FieldOwner).Val() })
+	redistest.WaitUntil(t, ctx, "the written acquire run at Redis", func() bool { return rdb.HGet(ctx, key, wire.FieldFence).Val() != fence })
+	redistest.WaitUntil(t, ctx, "the late grant given back (its TTL is a minute)", func() bool { return !rdb.HExists(ctx, key, wire.FieldOwner).Val() })
 	// The lock can be had at once.
 	tctx, tcancel := context.WithTimeout(ctx, 5*time.Second)
 	defer tcancel()
@@ -128,7 +116,7 @@ func TestCtxEndRacesReply(t *testing.T) {
 	for w := range workers {
 		for r := range rounds {
 			key := wire.HashKey(wire.DefaultPrefix, fmt.Sprintf("race-%d-%d", w, r))
-			waitUntil(t, ctx, key+" free (given back or released)", func() bool { return !rdb.HExists(ctx, key, wire.FieldOwner).Val() })
+			redistest.WaitUntil(t, ctx, key+" free (given back or released)", func() bool { return !rdb.HExists(ctx, key, wire.FieldOwner).Val() })
 		}
 	}
 }

@@ -2,7 +2,6 @@ package rueidisdlock_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -44,59 +43,21 @@ func TestRevFo14IdleThroughFailoverThenBack(t *testing.T) {
 	warm(other)
 	p, q := r.Primary, r.Replica
 	r.Failover(t) // P to Q; the waiter makes no call
-	waitUntil(t, ctx, "the idle client to follow "+q.Addr(), func() bool {
+	redistest.WaitUntil(t, ctx, "the idle client to follow "+q.Addr(), func() bool {
 		list, _ := q.Do(t, "CLIENT", "LIST").(string)
-		return ranCommand(list, "revfo14-idle")
+		return redistest.RanCommand(list, "revfo14-idle")
 	})
-	waitUntil(t, ctx, "the idle client's connections to "+p.Addr()+" to close", func() bool {
+	redistest.WaitUntil(t, ctx, "the idle client's connections to "+p.Addr()+" to close", func() bool {
 		list, _ := p.Do(t, "CLIENT", "LIST").(string)
-		return !ranCommand(list, "revfo14-idle")
+		return !redistest.RanCommand(list, "revfo14-idle")
 	})
 	warm(other) // loads the scripts on Q, so that an EVALSHA queued there runs
 	const name = "revfo14-idle"
 	key := wire.HashKey(wire.DefaultPrefix, name)
 	q.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			q.Resume()
-		}
-	}()
-	type result struct {
-		l   *dlock.Lease
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		l, err := waiter.Mutex(name, dlock.TTL(time.Minute), dlock.NoRenew()).TryLock(context.Background())
-		got <- result{l, err}
-	}()
-	waitUntil(t, ctx, "the sentinels to promote "+p.Addr()+" again", func() bool {
-		for _, s := range r.Sentinels {
-			a, _ := s.Do(t, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", redistest.SentinelMaster).([]any)
-			if len(a) != 2 || fmt.Sprint(a[1]) != fmt.Sprint(p.Port()) {
-				return false
-			}
-		}
-		role, _ := p.Do(t, "ROLE").([]any)
-		return len(role) > 0 && fmt.Sprint(role[0]) == "master"
-	})
-	waitUntil(t, ctx, "the waiter's client to follow "+p.Addr(), func() bool {
-		list, _ := p.Do(t, "CLIENT", "LIST").(string)
-		return ranCommand(list, "revfo14-idle")
-	})
-	q.Resume()
-	resumed = true
-	q.Do(t, "PING") // answered once it ran what it had queued
-	if o, _ := q.Do(t, "HGET", key, wire.FieldOwner).(string); o == "" {
-		t.Fatal("the resumed old primary granted no queued acquire: the test does not reproduce the fault")
-	}
-	var res result
-	select {
-	case res = <-got:
-	case <-ctx.Done():
-		t.Fatal("TryLock did not return")
-	}
+	t.Cleanup(q.Resume)
+	res := resumeReplaced(t, ctx, r, q, p, "revfo14-idle", key,
+		goTryLock(context.Background(), waiter.Mutex(name, dlock.TTL(time.Minute), dlock.NoRenew())))
 	if res.err != nil {
 		t.Fatalf("TryLock: %v, want the lock (free on the primary %s)", res.err, p.Addr())
 	}

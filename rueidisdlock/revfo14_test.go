@@ -31,17 +31,6 @@ func (s *stallingClient) Nodes() map[string]rueidis.Client {
 	return n
 }
 
-func revFo14Wait(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not by the test's deadline", what)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-}
-
 // TestRevFo14LookRecordsNoStalePrimary: two looks race across a switch.
 // One read the primary (P) before SENTINEL FAILOVER made Q the primary;
 // a later call's looks record Q; then the first finishes. It must not
@@ -78,7 +67,7 @@ func TestRevFo14LookRecordsNoStalePrimary(t *testing.T) {
 		t.Fatalf("the stalled look read %s, want the primary %s", got, p.Addr())
 	}
 	r.Failover(t)
-	revFo14Wait(t, ctx, "the client to move to "+q.Addr(), func() bool { return nodesKey(rc.Nodes()) == q.Addr() })
+	redistest.WaitUntil(t, ctx, "the client to move to "+q.Addr(), func() bool { return nodesKey(rc.Nodes()) == q.Addr() })
 	if _, err := k.Do(ctx, []any{"exists", "revfo14-probe"}, true); err != nil && err != errReplaced {
 		t.Fatal(err)
 	}
