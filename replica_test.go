@@ -91,7 +91,11 @@ func TestReplicaAckGrantIsOnTheReplica(t *testing.T) {
 func TestReplicaAckFailsClosed(t *testing.T) {
 	_, replica, pc, _ := primaryAndReplica(t)
 	ctx := ctxT(t, 60*time.Second)
-	c := newDlock(t, pc, dlock.WithReplicaAck(1, 500*time.Millisecond))
+	// The ack timeout is well under the second a waiter handed the lock
+	// has to confirm it in (its place's liveness, refreshed every third
+	// of it): with 500ms, a loaded machine's hand-over outlived its
+	// deadline first (lost, not ErrNotReplicated; closed either way).
+	c := newDlock(t, pc, dlock.WithReplicaAck(1, 200*time.Millisecond))
 	t.Cleanup(func() { _ = c.Close() })
 	other := newDlock(t, pc) // no acknowledgement: its grants are not held back
 	t.Cleanup(func() { _ = other.Close() })
