@@ -172,19 +172,11 @@ type leaderInfo struct {
 
 // runLeader is "dlock leader".
 func runLeader(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	usageErr := func(err error) int {
-		fmt.Fprintf(stderr, "dlock leader: %v (see dlock leader -h)\n", err)
-		return exitUsage
-	}
-	fs := flag.NewFlagSet("dlock leader", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fl := addInspectFlags(fs)
+	fs, fl, usageErr := newInspect("dlock leader", stderr)
 	watch := fs.Bool("watch", false, "follow the election: print the leader at every change, until signalled")
-	pos, err := parseInterleaved(fs, args)
-	if help, err := usageOrHelp(err, fs, leaderUsage, stdout); help {
-		return exitOK
-	} else if err != nil {
-		return usageErr(err)
+	pos, code, ok := parseInspect(fs, args, leaderUsage, stdout, usageErr)
+	if !ok {
+		return code
 	}
 	name, err := oneName(pos, "one election NAME")
 	if err != nil {

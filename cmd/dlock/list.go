@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -59,19 +58,11 @@ Flags:
 
 // runList is "dlock list".
 func runList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	usageErr := func(err error) int {
-		fmt.Fprintf(stderr, "dlock list: %v (see dlock list -h)\n", err)
-		return exitUsage
-	}
-	fs := flag.NewFlagSet("dlock list", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fl := addInspectFlags(fs)
+	fs, fl, usageErr := newInspect("dlock list", stderr)
 	limit := fs.Int("limit", 1000, "show at most `N` locks (0: no limit)")
-	pos, err := parseInterleaved(fs, args)
-	if help, err := usageOrHelp(err, fs, listUsage, stdout); help {
-		return exitOK
-	} else if err != nil {
-		return usageErr(err)
+	pos, code, ok := parseInspect(fs, args, listUsage, stdout, usageErr)
+	if !ok {
+		return code
 	}
 	pattern := "*"
 	switch {

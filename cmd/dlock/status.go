@@ -138,6 +138,31 @@ type inspectFlags struct {
 	json      *bool
 }
 
+// newInspect starts an inspecting command (status, list, unlock, leader):
+// its flag set with the flags they share, and usageErr, which reports a
+// usage error the way they all do.
+func newInspect(name string, stderr io.Writer) (*flag.FlagSet, inspectFlags, func(error) int) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	usageErr := func(err error) int {
+		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", name, err, name)
+		return exitUsage
+	}
+	return fs, addInspectFlags(fs), usageErr
+}
+
+// parseInspect parses an inspecting command's arguments; ok false: exit
+// with code (at -h, or after reporting a usage error).
+func parseInspect(fs *flag.FlagSet, args []string, usage string, stdout io.Writer, usageErr func(error) int) (pos []string, code int, ok bool) {
+	pos, err := parseInterleaved(fs, args)
+	if help, err := usageOrHelp(err, fs, usage, stdout); help {
+		return nil, exitOK, false
+	} else if err != nil {
+		return nil, usageErr(err), false
+	}
+	return pos, 0, true
+}
+
 func addInspectFlags(fs *flag.FlagSet) inspectFlags {
 	fl := inspectFlags{redisURLs: new([]string)}
 	fs.Var(urlsFlag{fl.redisURLs}, "redis", redisURLHelp)
@@ -187,20 +212,12 @@ func oneName(pos []string, hint string) (string, error) {
 
 // runStatus is "dlock status".
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	usageErr := func(err error) int {
-		fmt.Fprintf(stderr, "dlock status: %v (see dlock status -h)\n", err)
-		return exitUsage
-	}
-	fs := flag.NewFlagSet("dlock status", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fl := addInspectFlags(fs)
+	fs, fl, usageErr := newInspect("dlock status", stderr)
 	var restartDelay time.Duration
 	restartDelayVar(fs, &restartDelay)
-	pos, err := parseInterleaved(fs, args)
-	if help, err := usageOrHelp(err, fs, statusUsage, stdout); help {
-		return exitOK
-	} else if err != nil {
-		return usageErr(err)
+	pos, code, ok := parseInspect(fs, args, statusUsage, stdout, usageErr)
+	if !ok {
+		return code
 	}
 	name, err := oneName(pos, "one lock NAME; dlock list shows many")
 	if err != nil {

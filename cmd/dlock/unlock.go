@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -80,22 +79,14 @@ type unlockResult struct {
 
 // runUnlock is "dlock unlock".
 func runUnlock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	usageErr := func(err error) int {
-		fmt.Fprintf(stderr, "dlock unlock: %v (see dlock unlock -h)\n", err)
-		return exitUsage
-	}
-	fs := flag.NewFlagSet("dlock unlock", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fl := addInspectFlags(fs)
+	fs, fl, usageErr := newInspect("dlock unlock", stderr)
 	force := fs.Bool("force", false, "required: remove the holder even though it may still be running")
 	token := fs.String("token", "", "remove the holder only if it is this `TOKEN` (from dlock status)")
 	var idle time.Duration
 	durationVar(fs, &idle, "idle", defaultIdle, time.Second, 0, "10m", "how long (a `duration`, at least 1s) the released key keeps the fence counter: the holders' WithIdleExpiry")
-	pos, err := parseInterleaved(fs, args)
-	if help, err := usageOrHelp(err, fs, unlockUsage, stdout); help {
-		return exitOK
-	} else if err != nil {
-		return usageErr(err)
+	pos, code, ok := parseInspect(fs, args, unlockUsage, stdout, usageErr)
+	if !ok {
+		return code
 	}
 	name, err := oneName(pos, "one lock NAME")
 	switch {
