@@ -39,12 +39,12 @@ func (w *interleaving) granted(me *ilLease) {
 	defer w.mu.Unlock()
 	w.grants++
 	me.at = w.now()
-	if w.kind == "mutex" || w.kind == "fair" {
+	if w.exclusive() {
 		w.inOrder(me)
 	}
 	if me.valid() {
 		switch w.kind {
-		case "mutex", "fair":
+		case "mutex", "fair", "election":
 			if me.fence <= w.maxFence {
 				w.failf("fence %d granted %v after a lease with fence %d was seen valid", me.fence, me, w.maxFence)
 			}
@@ -108,7 +108,7 @@ func (w *interleaving) checkLocked(why string) {
 	}
 	bad := false
 	switch w.kind {
-	case "mutex", "fair":
+	case "mutex", "fair", "election":
 		bad = len(valid) > 1
 	case "rw":
 		bad = writer && len(valid) > 1
@@ -438,7 +438,7 @@ func (ic *ilClient) lastFaults(from time.Duration) string {
 // left.
 func (w *interleaving) viewAt(ctx context.Context, rdb *redis.Client) (v ilView) {
 	keys := wire.KeysOf(wire.DefaultPrefix, w.name)
-	if w.kind == "mutex" || w.kind == "fair" {
+	if w.exclusive() {
 		var h []any
 		h, v.err = rdb.HMGet(ctx, keys.Hash, wire.FieldOwner, wire.FieldFence).Result()
 		if v.err == nil {
@@ -486,4 +486,9 @@ func (w *interleaving) expected(err error, op string) {
 	w.mu.Lock()
 	w.failf("%s: unexpected error %v", op, err)
 	w.mu.Unlock()
+}
+
+// exclusive reports whether the run's lock has one holder at a time.
+func (w *interleaving) exclusive() bool {
+	return w.kind == "mutex" || w.kind == "fair" || w.kind == "election"
 }

@@ -127,7 +127,7 @@ const (
 const ilMasters = 5
 
 // ilKinds are the primitives an interleaving run may lock.
-var ilKinds = []string{"mutex", "fair", "rw", "sem"}
+var ilKinds = []string{"mutex", "fair", "rw", "sem", "election"}
 
 // interleavings runs the interleaving test named test on topo for each of
 // kinds; profile (as DLOCK_CHAOS_PROFILE, which comes after it) sets fields
@@ -227,6 +227,7 @@ type interleaving struct {
 	ops      map[string]int
 	fails    []string
 	clients  []*ilClient // every Client made
+	elect    ilElection  // kind election
 }
 
 // ilClient is one dlock Client with its own go-redis client for each
@@ -255,7 +256,8 @@ type ilLease struct {
 	called  time.Duration // when the call that granted it was made
 	at      time.Duration // when the grant was recorded, after that call returned
 	via     string
-	gaveUp  bool // its holder called Unlock (or saw it end)
+	gaveUp  bool            // its holder called Unlock (or saw it end)
+	e       *dlock.Election // the election it leads (kind election)
 }
 
 // ilProfile is what one run stresses, drawn from its seed (swarm testing):
@@ -363,6 +365,10 @@ func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration, 
 	for i := range w.slots {
 		w.slots[i].Store(w.newClient())
 	}
+	if kind == "election" {
+		w.elect.values = map[string]uint64{}
+		w.observe()
+	}
 	return w
 }
 
@@ -441,6 +447,8 @@ func (w *interleaving) injector(seed uint64, slow float64) *faults.Injector {
 			{Script: "extend", Kind: faults.DelayReply, P: p, Max: 250 * ms},
 			{Script: "sem.e", Via: faults.Batch, Kind: faults.DelaySend, P: p, Max: 200 * ms},
 			{Script: "sem.e", Kind: faults.DelayReply, P: p, Max: 250 * ms},
+			// An election's publish on its way past its leader's term.
+			{Script: "proclaim", Kind: faults.DelayWrite, P: p, Max: 700 * ms},
 			{Kind: faults.DelaySend, P: 0.03 * f, Max: 80 * ms},
 			{Kind: faults.DelayReply, P: 0.03 * f, Max: 150 * ms},
 			{Kind: faults.LoseReply, P: 0.015 * f, Max: 60 * ms},
@@ -461,7 +469,7 @@ func (w *interleaving) acquireScript() string {
 	switch w.kind {
 	case "mutex":
 		return "acquire"
-	case "fair":
+	case "fair", "election": // an Election is a Fair mutex
 		return "fair_acquire"
 	}
 	return "sem." + wire.SemAcquire
@@ -532,6 +540,9 @@ func (w *interleaving) run() {
 	chaos.Wait()
 	returned := time.Now()
 	w.checkFree(returned)
+	if w.kind == "election" {
+		w.settle()
+	}
 	w.mu.Lock()
 	t.Logf("profile: %v", w.prof)
 	t.Logf("%s seed %d: %d grants, %d checks, ops %v, %d Clients", w.kind, w.seed, w.grants, w.checks, w.ops, len(w.clients))
@@ -763,6 +774,9 @@ func (w *interleaving) round(r *rand.Rand, slot int) {
 	me, err := w.obtain(r, ic)
 	if err != nil {
 		w.expected(err, "obtain")
+		if w.kind == "election" && r.IntN(2) == 0 {
+			w.readLeader(r, ic) // most likely while another leads
+		}
 		return
 	}
 	if me == nil {
@@ -834,6 +848,8 @@ func (w *interleaving) obtain(r *rand.Rand, ic *ilClient) (*ilLease, error) {
 			me.via = "RLock"
 			l, err = rw.RLock(ctx)
 		}
+	case "election":
+		l, err = w.campaign(ctx, ic, opts, me)
 	case "sem":
 		me.permits = int64(1 + r.IntN(ilSize))
 		s := ic.c.Semaphore(w.name, ilSize, opts...)
@@ -882,6 +898,10 @@ func (w *interleaving) do(r *rand.Rand, m *dlock.Mutex, ctx context.Context, me 
 func (w *interleaving) hold(r *rand.Rand, me *ilLease) {
 	for range 1 + r.IntN(3) {
 		switch {
+		case me.e != nil && r.IntN(4) == 0:
+			w.proclaim(r, me)
+		case me.e != nil && r.IntN(3) == 0:
+			w.readLeader(r, me.ic)
 		case r.Float64() < w.prof.extend/2:
 			w.extend(r, me)
 		case r.Float64() < w.prof.extend/2:
@@ -998,6 +1018,10 @@ func (w *interleaving) clientOf(me *ilLease) *ilClient {
 func (w *interleaving) release(r *rand.Rand, me *ilLease) {
 	w.check("release of " + me.String())
 	w.giveUp(me)
+	if me.e != nil && r.IntN(3) == 0 {
+		w.resign(r, me)
+		return
+	}
 	var err error
 	switch r.IntN(6) {
 	case 0: // with a ctx that has ended (a finished request's)
