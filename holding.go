@@ -81,9 +81,12 @@ type holding struct {
 	relSent  time.Time     // when its first release was sent (zero: none yet)
 	ctx      *leaseContext
 	cancel   context.CancelCauseFunc
+	// Default mode: the last local waiter of this Client's turn (see
+	// queue.go); 0: none. Set before the holding is shared or by the pass
+	// to it, raised by extendTurn.
+	turnEnd uint64
 
 	// Set before the holding is shared.
-	turnEnd   uint64          // default mode: the last local waiter of this Client's turn (see queue.go); 0: none
 	contended bool            // obtained after waiting: its release is likely awaited
 	acqDoubt  bool            // an acquire of it had an unknown outcome
 	votes     []chan struct{} // quorum: per master, closed once the acquire vote is in; nil: in when it won (see rest)

@@ -71,8 +71,11 @@ func (c *Client) record(p *pass) {
 			v, err = c.eval(ctx, call{passScript, keys, []any{from.token, from.fenceStr, to.token, to.fenceStr, to.lk.ttlArg}})
 		}
 		switch {
-		case err == nil && v == int64(wire.PassRecorded):
+		case err == nil && (v == int64(wire.PassRecorded) || v == int64(wire.PassAlone)):
 			c.noteFence(to, p.fence, sent) // a grant at Redis, as far as fences go
+			if v == int64(wire.PassAlone) {
+				c.extendTurn(to)
+			}
 			from.settle(passed, nil)
 			if !to.recorded(sent) {
 				// Lost or closed meanwhile: nobody else will release it.

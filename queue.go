@@ -219,6 +219,22 @@ func (c *Client) awake(w *waiter) mail {
 	}
 }
 
+// extendTurn makes h's turn cover every waiter its Client has queued by
+// now: the record of the pass that made h found nobody in the line at
+// Redis, so no other Client waits for a turn. One that joins the line
+// later waits for the turn as it stands when the next record finds it
+// there (each record looks), not for one that grows without end.
+func (c *Client) extendTurn(h *holding) {
+	c.mu.Lock()
+	seq := c.seq
+	c.mu.Unlock()
+	h.mu.Lock()
+	if h.st.live() && h.turnEnd != 0 {
+		h.turnEnd = max(h.turnEnd, seq)
+	}
+	h.mu.Unlock()
+}
+
 // turnFrom returns the last waiter of the turn that a holding of lc's lock
 // obtained through Redis begins: the lock may be passed to the waiters
 // queued by now, and then goes back to the line at Redis, to the next Client.
@@ -236,15 +252,18 @@ func (c *Client) turnFrom(lc *local) uint64 {
 // record in flight, and its request slot not ours: the new record waits for
 // that record to settle, so records still land one at a time and in order.
 func (c *Client) passOn(h *holding, ahead bool) *pass {
-	if h.lk.fair || h.turnEnd == 0 {
+	if h.lk.fair {
 		return nil // Fair, semaphore and RWMutex holders keep the line's order
 	}
 	if c.cfg.ack.on() {
 		return nil // every grant goes through Redis, to be acknowledged
 	}
 	h.mu.Lock()
-	deadline := h.deadline
+	deadline, turnEnd := h.deadline, h.turnEnd
 	h.mu.Unlock()
+	if turnEnd == 0 {
+		return nil // not taken through Redis in default mode: no turn
+	}
 	now := time.Now()
 	if deadline.Sub(now) < passMargin {
 		return nil
@@ -259,10 +278,10 @@ func (c *Client) passOn(h *holding, ahead bool) *pass {
 		return nil // passed on by a concurrent Unlock, or the record landed: finish decides
 	}
 	w := lc.queue[0]
-	if !w.asleep || w.seq > h.turnEnd || len(w.box) != 0 {
+	if !w.asleep || w.seq > turnEnd || len(w.box) != 0 {
 		return nil
 	}
-	p := &pass{from: h, to: w.h, fence: h.fence + 1, deadline: deadline, turnEnd: h.turnEnd, ahead: ahead, done: make(chan struct{})}
+	p := &pass{from: h, to: w.h, fence: h.fence + 1, deadline: deadline, turnEnd: turnEnd, ahead: ahead, done: make(chan struct{})}
 	w.h.passedIn(p, now)
 	h.startPass(p)
 	// Start the record before waking the waiter: the goroutine made

@@ -266,6 +266,7 @@ const (
 const (
 	PassRefused  = 0 // the old holder no longer owned the lock: nothing changed
 	PassRecorded = 1 // the new holder owns it (also when already recorded)
+	PassAlone    = 2 // the new holder owns it, and nobody waits in the line: its Client's turn may go on
 )
 
 // Operations of sem.lua (its ARGV[1]).

@@ -13,6 +13,8 @@
 -- Returns  1  passed (or already passed: a retry); either way the lock now
 --             expires ARGV[5] ms after this call, so that the new holder
 --             may date its lease from the send of whichever call replied
+--          2  passed, as 1, and nobody waits in the line: no other Client
+--             waits for a turn, so this Client's may go on
 --          0  the old holder no longer owned the lock: its lease had been
 --             lost, so the new holder never held it either
 local key = KEYS[1]
@@ -27,4 +29,5 @@ if redis.call('HDEL', KEYS[3], ARGV[3]) == 1 then
 end
 redis.call('HSET', key, 'o', ARGV[3], 'f', ARGV[4], 'p', ARGV[2])
 redis.call('PEXPIRE', key, ARGV[5])
+if redis.call('LLEN', KEYS[2]) == 0 then return 2 end
 return 1

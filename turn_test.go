@@ -1,0 +1,123 @@
+package dlock_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redistest"
+)
+
+// cycleLocks runs workers goroutines on c, each locking name, holding it
+// for hold and unlocking, cycles times or until stop closes; it returns the
+// fences granted, and counts every grant in n.
+func cycleLocks(t *testing.T, ctx context.Context, c *dlock.Client, name string, workers, cycles int, hold time.Duration, stop <-chan struct{}, n *atomic.Int64) []uint64 {
+	t.Helper()
+	var mu sync.Mutex
+	var fences []uint64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range cycles {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l, err := c.Mutex(name).Lock(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				n.Add(1)
+				mu.Lock()
+				fences = append(fences, l.Fence())
+				mu.Unlock()
+				time.Sleep(hold)
+				if err := l.Unlock(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(fences)
+	return fences
+}
+
+// TestTurnGoesOnWhileNobodyWaits: the waiters of one Client pass a
+// default-mode lock among themselves, and while nobody waits in the line at
+// Redis their Client's turn goes on: the lock does not go back through
+// Redis (a release, then an acquire) each time the waiters queued at the
+// turn's start have been served. A pass raises the fence by one, a grant
+// through Redis to the server clock's microseconds: the fences show which.
+func TestTurnGoesOnWhileNobodyWaits(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 30*time.Second)
+	const workers, cycles = 4, 30
+	var n atomic.Int64
+	fences := cycleLocks(t, ctx, c, "turn", workers, cycles, time.Millisecond, nil, &n)
+	if len(fences) != workers*cycles {
+		t.Fatalf("%d grants, want %d", len(fences), workers*cycles)
+	}
+	throughRedis := 0
+	for i := 1; i < len(fences); i++ {
+		if fences[i] != fences[i-1]+1 {
+			throughRedis++
+		}
+	}
+	// A turn ends only when a waiter arrives after its last record (or a
+	// record is slower than the hold): a few, not one per round of the
+	// workers (about cycles of them, which is what this Client had before
+	// turns went on: 34 of 120 in one run).
+	if throughRedis > cycles/2 {
+		t.Fatalf("%d of %d grants went through Redis with nobody else waiting: turns did not go on", throughRedis, len(fences))
+	}
+	t.Logf("%d of %d grants through Redis", throughRedis, len(fences))
+}
+
+// TestTurnEndsForAnotherClient: a Client whose waiters keep the lock among
+// themselves still lets a waiter of another Client in: once that waiter is
+// in the line at Redis, the next record sees it and the turn stops growing,
+// so it is served after about one turn of the first Client's waiters, not
+// when they stop.
+func TestTurnEndsForAnotherClient(t *testing.T) {
+	s := redistest.Start(t)
+	cs, _ := newClients(t, s, 2)
+	ctx := ctxT(t, 30*time.Second)
+	const workers = 3
+	var n atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cycleLocks(t, ctx, cs[0], "turn-b", workers, 2000, 2*time.Millisecond, stop, &n)
+	}()
+	waitFor(t, ctx, "the first Client's waiters passing the lock", func() bool { return n.Load() > 20 })
+	before := n.Load()
+	l, err := cs[1].Mutex("turn-b").Lock(ctx)
+	after := n.Load()
+	close(stop)
+	if err == nil {
+		err = l.Unlock(ctx)
+	}
+	<-done
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One turn (the waiters queued when it was last raised, each Lock a
+	// grant) and the turn that was under way: a few grants of the first
+	// Client, however long its waiters would go on.
+	if got := after - before; got > 4*workers {
+		t.Fatalf("the other Client's Lock waited for %d grants of the first Client's %d waiters: its turn did not end", got, workers)
+	}
+	t.Logf("the other Client waited for %d grants", after-before)
+}
