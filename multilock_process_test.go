@@ -33,7 +33,7 @@ type multiEvent struct {
 // childMulti: "seed,goroutines,iterations". Each goroutine locks random
 // sets of two to four of multiNames (Lock, and now and then TryLock), and
 // inside adds one to each name's counter, read-modify-write; it prints a
-// multiEvent per name. A Lock that takes longer than 20s (a deadlock)
+// multiEvent per name. A Lock that takes longer than 10s (a deadlock)
 // fails the child.
 func childMulti(c *dlock.Client, rdb redis.UniversalClient, arg string) error {
 	var seed uint64
@@ -50,7 +50,7 @@ func childMulti(c *dlock.Client, rdb redis.UniversalClient, arg string) error {
 			r.Shuffle(len(set), func(i, j int) { set[i], set[j] = set[j], set[i] })
 			set = set[:2+r.IntN(3)]
 			ml := c.MultiLock(set, dlock.TTL(5*time.Second))
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			var l *dlock.Lease
 			var err error
 			if r.IntN(4) == 0 {
@@ -116,7 +116,7 @@ func multiProcesses(t *testing.T, site *site, procs, iters int) {
 		select {
 		case o := <-outs:
 			if o.err != nil {
-				t.Fatalf("child: %v (a Lock that did not finish in 20s is a deadlock)", o.err)
+				t.Fatalf("child: %v (a Lock that did not finish in 10s is a deadlock)", o.err)
 			}
 			for _, line := range o.lines {
 				var e multiEvent

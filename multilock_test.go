@@ -282,3 +282,45 @@ func TestMultiLockLostPart(t *testing.T) {
 		t.Fatalf("Unlock again: %v, want ErrLockLost again", err)
 	}
 }
+
+// TestMultiLockKeepsTheLine: a free name with a live waiter in its line is
+// that waiter's: a MultiLock refuses to take it (and so the whole group),
+// while a place that lapsed does not count.
+func TestMultiLockKeepsTheLine(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	ml := c.MultiLock([]string{"line/a", "line/b"}, dlock.Fair())
+	l, err := ml.Lock(ctx) // the keys exist, with fences
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Unlock(ctx)
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	place := func(deadline time.Time) {
+		t.Helper()
+		entry := strconv.FormatInt(deadline.UnixMilli(), 10) + ",10000,dlock:{line/b}:c:someone"
+		if err := rdb.HSet(ctx, "dlock:{line/b}:w", "waiter-token", entry).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if rdb.LLen(ctx, "dlock:{line/b}:q").Val() == 0 {
+			rdb.RPush(ctx, "dlock:{line/b}:q", "waiter-token")
+		}
+	}
+	place(now.Add(time.Minute))
+	if _, err := ml.TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) || !strings.Contains(err.Error(), `"line/b"`) {
+		t.Fatalf("TryLock past a live waiter of line/b: %v, want ErrNotObtained naming it", err)
+	}
+	if o := owner(ctx, rdb, "line/a"); o != "" {
+		t.Fatalf("line/a taken by %q though line/b was refused", o)
+	}
+	place(now.Add(-time.Second)) // the place lapsed
+	l, err = ml.TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock past a lapsed place: %v", err)
+	}
+	_ = l.Unlock(ctx)
+}
