@@ -21,7 +21,7 @@ func ExampleClient_MultiLock() {
 	defer locks.Close()
 
 	transfer := locks.MultiLock([]string{"account:bob", "account:alice"}) // any order
-	lease, err := transfer.Lock(ctx)                                       // both, or none
+	lease, err := transfer.Lock(ctx)                                      // both, or none
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -158,7 +158,9 @@ func everyPrimitive(t *testing.T, ctx context.Context, a, b *dlock.Client, renew
 	// a as one; b waits in the line of the name that blocked it.
 	multi := []string{"mu-1", "mu-2", "{mt}x", "{mt}y"}
 	notified("MultiLock", a.MultiLock(multi, dlock.TTL(heldTTL)).Lock, b.MultiLock(multi, dlock.TTL(heldTTL)).Lock,
-		func() bool { return slices.ContainsFunc(multi, func(n string) bool { return inLine("dlock:{" + n + "}")() }) })
+		func() bool {
+			return slices.ContainsFunc(multi, func(n string) bool { return inLine("dlock:{" + n + "}")() })
+		})
 	for _, key := range []string{"dlock:{m}", "dlock:{f}", "dlock:{rw}", "dlock:{s}", "dlock:{wd}", "dlock:{e}", "dlock:{mu-1}", "dlock:{mu-2}", "dlock:{{mt}x}", "dlock:{{mt}y}"} {
 		if o := admin.HGet(ctx, key, "o").Val(); o != "" {
 			t.Errorf("%s still owned by %q after every Unlock", key, o)

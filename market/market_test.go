@@ -8,8 +8,8 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
-	"strings"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
