@@ -369,11 +369,14 @@ func (t *take) giveBack(ctx context.Context, idx []int) {
 }
 
 // giveBackNow gives parts idx back before it returns, for a grant that
-// does not count (as lock.attempt does).
+// does not count (as lock.attempt does), even if ctx has ended, within
+// min(TTL, 5s).
 func (t *take) giveBackNow(ctx context.Context, idx []int) {
 	for _, i := range idx {
 		lk := &t.m.parts[i].lk
-		_ = lk.proto.giveBack(ctx, lk, t.token)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(lk.ttl, 5*time.Second))
+		_ = lk.proto.giveBack(rctx, lk, t.token)
+		cancel()
 	}
 }
 
