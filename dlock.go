@@ -100,6 +100,13 @@
 // value is published only while Redis still names it the owner, and
 // Election.Observe follows the leader by notification (see Election).
 //
+// # Several names as one
+//
+// Client.MultiLock holds several mutex names as one Lease: all of them or
+// none, taken in one global order (Cluster slot, then name) so that callers
+// locking overlapping sets never deadlock, the names of one slot by one
+// script (see MultiLock).
+//
 // # Quorum mode
 //
 // NewQuorum takes every lock on a majority of independent masters (the

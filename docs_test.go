@@ -139,3 +139,12 @@ func TestElectionReadmeIsExample(t *testing.T) {
 	example = strings.ReplaceAll(example, "Addr: addr}", `Addr: "127.0.0.1:6379"}`)
 	sameCode(t, "the README's leader election", codeBlockAfter(t, readFile(t, "README.md"), "## Leader election"), example)
 }
+
+// TestMultiLockReadmeIsExample: the README's MultiLock is the code of
+// ExampleClient_MultiLock, which go test compiles, runs and checks.
+func TestMultiLockReadmeIsExample(t *testing.T) {
+	example := funcBody(t, "example_multilock_test.go", "ExampleClient_MultiLock")
+	example, _, _ = strings.Cut(example, "// Output:")
+	example = strings.ReplaceAll(example, "Addr: addr}", `Addr: "127.0.0.1:6379"}`)
+	sameCode(t, "the README's MultiLock", codeBlockAfter(t, readFile(t, "README.md"), "## Several names as one lock"), example)
+}

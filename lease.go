@@ -14,6 +14,7 @@ import (
 // A Lease is one holding of a lock. Its methods are safe for concurrent use.
 type Lease struct {
 	h *holding
+	m *multiHolding // a MultiLock's lease (h is nil): every method acts on its parts (multilock.go)
 
 	// Guarded by h.mu.
 	done   bool  // Unlock was called: the lease no longer counts in h.holds
@@ -21,17 +22,34 @@ type Lease struct {
 	result error // an inner lease's result
 }
 
-// Name returns the lock name.
-func (l *Lease) Name() string { return l.h.lk.name }
+// Name returns the lock name; a MultiLock's lease: its names in the order
+// they were locked, joined by ", " (for messages: see Names).
+func (l *Lease) Name() string {
+	if l.m != nil {
+		return l.m.name()
+	}
+	return l.h.lk.name
+}
 
 // Token returns the owner token: 128 bits from crypto/rand, base64url
-// encoded. Reentrant leases share the token of the outermost one.
-func (l *Lease) Token() string { return l.h.token }
+// encoded. Reentrant leases share the token of the outermost one, and the
+// locks of a MultiLock's lease share one token.
+func (l *Lease) Token() string {
+	if l.m != nil {
+		return l.m.token
+	}
+	return l.h.token
+}
 
 // Fence returns the fencing token: strictly greater than the fence of every
 // earlier holding of this lock name, by any client. Pass it to storage that
-// rejects writes carrying a fence lower than one it has seen.
+// rejects writes carrying a fence lower than one it has seen. A MultiLock's
+// lease has a fence per name (FenceOf); its Fence is 0, which storage that
+// checks fences refuses.
 func (l *Lease) Fence() uint64 {
+	if l.m != nil {
+		return 0
+	}
 	l.h.mu.Lock()
 	defer l.h.mu.Unlock()
 	return l.h.fence
@@ -42,8 +60,15 @@ func (l *Lease) Fence() uint64 {
 // without renewal), ErrClosed if the Client closed, context.Canceled once
 // Unlock is called. It carries the values of the ctx the lock was obtained
 // with, and a Lock of the same lock with a ctx derived from it re-enters
-// the lock.
-func (l *Lease) Context() context.Context { return l.h.context() }
+// the lock. A MultiLock's lease context ends when any of its locks is lost
+// (the cause names that lock); a Lock with a ctx derived from it re-enters
+// none of them.
+func (l *Lease) Context() context.Context {
+	if l.m != nil {
+		return l.m.context()
+	}
+	return l.h.context()
+}
 
 // live returns nil if the lease is still held, else why not.
 func (l *Lease) live() error {
@@ -66,6 +91,9 @@ func (l *Lease) live() error {
 // outcome is unknown (an error from Redis), the extension counts as not
 // made, and the lease is believed to end no later than ttl from now.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if l.m != nil {
+		return l.m.extend(ctx, ttl)
+	}
 	return l.extend(ctx, ttl, "extend")
 }
 
@@ -96,6 +124,9 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, what string) erro
 
 // TTL returns how long the lease has left at Redis, or ErrLockLost.
 func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
+	if l.m != nil {
+		return l.m.ttl(ctx)
+	}
 	h := l.h
 	ms, err := l.ask(ctx, 0, h.lk.proto.pttl(h), "")
 	if err != nil {
@@ -190,6 +221,9 @@ func (h *holding) causeOr(def error) error {
 // held for as long as it was used, since Unlock was called before its
 // deadline).
 func (l *Lease) Unlock(ctx context.Context) (result error) {
+	if l.m != nil {
+		return l.m.unlock(ctx)
+	}
 	defer l.h.c.obs.release(ctx, l).end(&result)
 	return l.unlock(ctx)
 }

@@ -63,7 +63,14 @@ func (m *Mutex) Lock(ctx context.Context) (l *Lease, err error) {
 	if q := lk.c.q; q != nil {
 		return q.lock(ctx, lk)
 	}
-	h := lk.newHolding(ctx, 0)
+	return lk.lockHolding(ctx, lk.newHolding(ctx, 0))
+}
+
+// lockHolding is a Lock after its checks, for the holding h (a MultiLock's
+// part comes with the token of the whole): a first look without a place,
+// then the wait. A default-mode mutex queues behind this Client's waiters
+// without a look.
+func (lk *lock) lockHolding(ctx context.Context, h *holding) (*Lease, error) {
 	if !lk.fair && lk.c.queued(lk.hash) {
 		// Others of ours wait already: queue behind them.
 		return lk.wait(ctx, h, 0)

@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -153,7 +154,14 @@ func everyPrimitive(t *testing.T, ctx context.Context, a, b *dlock.Client, renew
 	if _, _, err := ea.Leader(ctx); !errors.Is(err, dlock.ErrNoLeader) {
 		t.Fatalf("Election Leader after the last Resign: %v, want ErrNoLeader", err)
 	}
-	for _, key := range []string{"dlock:{m}", "dlock:{f}", "dlock:{rw}", "dlock:{s}", "dlock:{wd}", "dlock:{e}"} {
+	// MultiLock: four names (two of them in one slot on a Cluster) held by
+	// a as one; b waits in the line of the name that blocked it.
+	multi := []string{"mu-1", "mu-2", "{mt}x", "{mt}y"}
+	notified("MultiLock", a.MultiLock(multi, dlock.TTL(heldTTL)).Lock, b.MultiLock(multi, dlock.TTL(heldTTL)).Lock,
+		func() bool {
+			return slices.ContainsFunc(multi, func(n string) bool { return inLine("dlock:{" + n + "}")() })
+		})
+	for _, key := range []string{"dlock:{m}", "dlock:{f}", "dlock:{rw}", "dlock:{s}", "dlock:{wd}", "dlock:{e}", "dlock:{mu-1}", "dlock:{mu-2}", "dlock:{{mt}x}", "dlock:{{mt}y}"} {
 		if o := admin.HGet(ctx, key, "o").Val(); o != "" {
 			t.Errorf("%s still owned by %q after every Unlock", key, o)
 		}

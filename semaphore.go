@@ -88,12 +88,7 @@ func (lk *lock) lock(ctx context.Context, n int64) (*Lease, error) {
 	if l, err, done := lk.start(ctx); done {
 		return l, err
 	}
-	h := lk.newHolding(ctx, n)
-	l, err, done, holder := lk.firstLook(ctx, h)
-	if done {
-		return l, err
-	}
-	return lk.wait(ctx, h, holder)
+	return lk.lockHolding(ctx, lk.newHolding(ctx, n))
 }
 
 // semProto is a semaphore (or an RWMutex) at Redis: every operation is

@@ -22,6 +22,7 @@ const (
 	VariantDlockCoarse   = "dlock-coarse"
 	VariantDlockFine     = "dlock-fine"
 	VariantDlockFairFine = "dlock-fair-fine"
+	VariantDlockMulti    = "dlock-multi"
 	VariantLua           = "lua"
 )
 
@@ -123,6 +124,16 @@ func (l Load) validate() error {
 // (dlock's Fair option).
 type Locker interface {
 	Lock(ctx context.Context, name string, fair bool) (unlock func(context.Context) error, err error)
+}
+
+// MultiLocker is a Locker that can also hold several names as one (dlock's
+// MultiLock), as a bank transfer locks both accounts: the dlock-multi row
+// needs one (with a Locker that is not, the row is skipped). LockAll waits
+// as Lock does, until it holds every name or ctx ends, and never holds some
+// of them when it returns an error.
+type MultiLocker interface {
+	Locker
+	LockAll(ctx context.Context, names []string) (unlock func(context.Context) error, err error)
 }
 
 // Config describes one experiment: every load in Loads runs with every

@@ -15,6 +15,10 @@
 //   - "dlock-coarse", "dlock-fine", "dlock-fair-fine": the same critical
 //     sections under a modern lock supplied through [Locker] (improved rows,
 //     not in the book).
+//   - "dlock-multi": fine, with the users an operation touches locked
+//     together with the entry as one holding (a purchase: the entry, the
+//     buyer and the seller; a listing: the entry and the seller), through
+//     [MultiLocker].
 //   - "lua": list and purchase each as one atomic script, no lock at all: the
 //     floor on round trips (improved row).
 //

@@ -8,6 +8,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +56,30 @@ func (l testLocker) Lock(ctx context.Context, name string, fair bool) (func(cont
 		case <-time.After(200 * time.Microsecond):
 		}
 	}
+}
+
+// LockAll takes names one by one in sorted order (so that two callers
+// cannot deadlock) and unlocks them in reverse; a failure unlocks what it
+// took.
+func (l testLocker) LockAll(ctx context.Context, names []string) (func(context.Context) error, error) {
+	names = slices.Sorted(slices.Values(names))
+	var unlocks []func(context.Context) error
+	unlock := func(ctx context.Context) error {
+		var errs []error
+		for i := len(unlocks) - 1; i >= 0; i-- {
+			errs = append(errs, unlocks[i](ctx))
+		}
+		return errors.Join(errs...)
+	}
+	for _, n := range names {
+		u, err := l.Lock(ctx, n, false)
+		if err != nil {
+			_ = unlock(context.WithoutCancel(ctx))
+			return nil, err
+		}
+		unlocks = append(unlocks, u)
+	}
+	return unlock, nil
 }
 
 func TestConservationEveryVariant(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -109,7 +110,7 @@ func (t *trader) list(ctx context.Context, seller int, item, member string, pric
 	case t.spec.lock == lockNone:
 		return t.listWatch(ctx, seller, item, member, price)
 	}
-	release, out, err := t.lock(ctx, t.lockName(member))
+	release, out, err := t.lock(ctx, t.lockNames(member, seller)...)
 	if err != nil || out != outOK {
 		return out, err
 	}
@@ -200,7 +201,7 @@ func (t *trader) purchase(ctx context.Context, buyer int, item string, seller in
 	case t.spec.lock == lockNone:
 		return t.purchaseWatch(ctx, buyer, item, seller, member, price)
 	}
-	release, out, err := t.lock(ctx, t.lockName(member))
+	release, out, err := t.lock(ctx, t.lockNames(member, buyer, seller)...)
 	if err != nil || out != outOK {
 		return out, err
 	}
@@ -324,13 +325,26 @@ func (t *trader) lockName(member string) string {
 	return marketKey
 }
 
+// lockNames is what a variant locks for an operation on the market entry
+// member: lockName, and with multi the users it touches as well.
+func (t *trader) lockNames(member string, users ...int) []string {
+	names := []string{t.lockName(member)}
+	if t.spec.multi {
+		for _, u := range users {
+			names = append(names, userKey(u))
+		}
+	}
+	return names
+}
+
 // errLockTimeout is the cause of a dlock wait cut short by lockTimeout.
 var errLockTimeout = errors.New("market: lock wait timed out")
 
 // lock acquires name with the variant's lock. On outOK the caller must call
 // release exactly once; otherwise release is nil.
-func (t *trader) lock(ctx context.Context, name string) (release func(context.Context) error, out outcome, err error) {
+func (t *trader) lock(ctx context.Context, names ...string) (release func(context.Context) error, out outcome, err error) {
 	start := time.Now()
+	name := names[0]
 	if t.spec.lock == lockFaithful {
 		token, out, err := t.acquireFaithful(ctx, name)
 		if err != nil || out != outOK {
@@ -353,7 +367,13 @@ func (t *trader) lock(ctx context.Context, name string) (release func(context.Co
 
 	// The wait ends at the deadline (stop) or after lockTimeout.
 	lctx, cancel := context.WithTimeoutCause(t.stop, lockTimeout, errLockTimeout)
-	unlock, err := t.locker.Lock(lctx, name, t.spec.fair)
+	var unlock func(context.Context) error
+	if len(names) > 1 {
+		unlock, err = t.locker.(MultiLocker).LockAll(lctx, names)
+		name = strings.Join(names, " ")
+	} else {
+		unlock, err = t.locker.Lock(lctx, name, t.spec.fair)
+	}
 	if err != nil {
 		cancel()
 		switch {

@@ -65,9 +65,13 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		for _, name := range cfg.Variants {
 			n++
 			spec := specFor(name)
-			if spec.lock == lockDlock && cfg.Locker == nil {
+			_, multi := cfg.Locker.(MultiLocker)
+			if spec.lock == lockDlock && (cfg.Locker == nil || spec.multi && !multi) {
 				r := baseResult(cfg, load, spec)
 				r.Skipped = cmp.Or(cfg.NoLocker, "no Locker configured")
+				if cfg.Locker != nil {
+					r.Skipped = "the Locker locks no several names as one (not a MultiLocker)"
+				}
 				results = append(results, r)
 				progressf(cfg.Progress, "[%d/%d] %-5s %-16s skipped: %s\n", n, total, load, name, r.Skipped)
 				continue

@@ -22,6 +22,7 @@ var variantColors = map[string]string{
 	VariantDlockCoarse:   "#1f77b4",
 	VariantDlockFine:     "#17becf",
 	VariantDlockFairFine: "#9467bd",
+	VariantDlockMulti:    "#393b79",
 	VariantLua:           "#2ca02c",
 }
 

@@ -19,6 +19,7 @@ type variantSpec struct {
 	book  bool // one of the book's rows (false: improved row)
 	lock  lockKind
 	fine  bool // lock per market entry instead of the whole market
+	multi bool // fine, and the users the operation touches too, as one holding (MultiLocker)
 	fair  bool // Locker asked for FIFO hand-off
 	lua   bool
 	// listTrips is the fewest round trips one listing can take; it sizes
@@ -49,6 +50,9 @@ var variantSpecs = []variantSpec{
 	{name: VariantDlockFairFine, label: "dlock fair fine",
 		about: "a dlock Mutex with Fair() on each item: waiters served in arrival order",
 		lock:  lockDlock, fine: true, fair: true, listTrips: 4},
+	{name: VariantDlockMulti, label: "dlock multi",
+		about: "a dlock MultiLock on the entry and the users it touches (buyer and seller, as a bank transfer locks both accounts), taken as one",
+		lock:  lockDlock, fine: true, multi: true, listTrips: 4},
 	{name: VariantLua, label: "Lua script",
 		about: "no lock: each listing and purchase is one Lua script, the fewest round trips possible",
 		lua:   true, listTrips: 1},

@@ -307,26 +307,3 @@ func wrap(err error) error {
 	}
 	return err
 }
-
-// hashSlot is Redis Cluster's slot of key: CRC16 (XMODEM) of the key, or
-// of its hash tag (the part between the first '{' and the next '}', if not
-// empty), mod 16384.
-func hashSlot(key string) uint16 {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			key = key[i+1 : i+1+j]
-		}
-	}
-	var crc uint16
-	for i := 0; i < len(key); i++ {
-		crc ^= uint16(key[i]) << 8
-		for b := 0; b < 8; b++ {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc % 16384
-}

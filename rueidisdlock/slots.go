@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/rueidis"
 )
 
@@ -48,7 +49,7 @@ func (s *slotMap) master(ctx context.Context, key string) (string, error) {
 		}
 		t = s.tbl.Load()
 	}
-	slot := hashSlot(key)
+	slot := wire.Slot(key)
 	i, _ := slices.BinarySearchFunc(*t, slot, func(r slotRange, slot uint16) int {
 		switch {
 		case r.end < slot:

@@ -41,3 +41,13 @@ func (l dlockLocker) Lock(ctx context.Context, name string, fair bool) (func(con
 	}
 	return lease.Unlock, nil
 }
+
+// LockAll takes names as one dlock MultiLock and returns the lease's
+// Unlock.
+func (l dlockLocker) LockAll(ctx context.Context, names []string) (func(context.Context) error, error) {
+	lease, err := l.client.MultiLock(names).Lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return lease.Unlock, nil
+}

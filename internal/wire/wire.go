@@ -269,6 +269,13 @@ const (
 	PassAlone    = 2 // the new holder owns it, and nobody waits in the line: its Client's turn may go on
 )
 
+// Replies of multi_acquire.lua (the first element).
+const (
+	MultiForeign = -1 // nothing changed: the key of the lock named next is not a dlock mutex
+	MultiRefused = 0  // nothing changed: the lock named next is held, or has a live line
+	MultiTaken   = 1  // every lock taken; their fences follow
+)
+
 // Operations of sem.lua (its ARGV[1]).
 const (
 	SemAcquire = "a"
@@ -421,9 +428,11 @@ var (
 
 	QuorumAcquire = load("quorum_acquire", "acquire") // its restart check, then acquire.lua's take without a line
 	QuorumFence   = load("quorum_fence")
+
+	MultiAcquire = load("multi_acquire")
 )
 
 // Scripts lists every script.
 func Scripts() []*Script {
-	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, Proclaim, Leader, QuorumAcquire, QuorumFence}
+	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, Proclaim, Leader, QuorumAcquire, QuorumFence, MultiAcquire}
 }
