@@ -155,6 +155,7 @@ type Client struct {
 	tokens tokenSource
 	dog    watchdog
 	hub    *hub.Hub
+	sw     strWait // string locks' waits (stringwait.go)
 	ps     pubsub
 	fences fenceMemo
 
@@ -293,6 +294,7 @@ func (c *Client) close() {
 		return
 	}
 	c.hub.Close()
+	c.closeKeyspace()
 	c.gs.wait()
 }
 

@@ -424,5 +424,5 @@ var (
 
 // Scripts lists every script.
 func Scripts() []*Script {
-	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, Proclaim, Leader, QuorumAcquire, QuorumFence}
+	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, Proclaim, Leader, QuorumAcquire, QuorumFence, StrAcquire, StrRelease, StrExtend, StrPTTL}
 }
