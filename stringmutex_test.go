@@ -196,7 +196,20 @@ func TestStringMutexWaitsForOtherLibrary(t *testing.T) {
 			ctx := ctxT(t, 10*time.Second)
 			release := foreignTake(t, ctx, rdb, "shared", time.Minute)
 			get := async(t, ctx, c.StringMutex("shared").Lock)
-			time.Sleep(300 * time.Millisecond) // it looks, and waits
+			time.Sleep(100 * time.Millisecond) // it looks, and waits
+			// It listens for the key's keyspace events (whether or not the
+			// server sends them).
+			waitFor(t, ctx, "a subscriber of the key's keyspace channel", func() bool {
+				return rdb.PubSubNumSub(ctx, "__keyspace@0__:shared").Val()["__keyspace@0__:shared"] == 1
+			})
+			before := evalshaCalls(t, ctx, rdb)
+			time.Sleep(700 * time.Millisecond)
+			looks := evalshaCalls(t, ctx, rdb) - before
+			// Notified, it looks again only at its refresh (a third of a
+			// second); polling, every 25-75 ms.
+			if notify != "" && looks > 4 || notify == "" && looks < 6 {
+				t.Fatalf("%d looks in 700ms while held", looks)
+			}
 			release()
 			start := time.Now()
 			l, err := get()
@@ -262,3 +275,4 @@ func TestStringMutexCluster(t *testing.T) {
 		})
 	}
 }
+
