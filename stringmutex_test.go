@@ -275,4 +275,3 @@ func TestStringMutexCluster(t *testing.T) {
 		})
 	}
 }
-
