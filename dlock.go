@@ -162,6 +162,7 @@ type Client struct {
 	tokens tokenSource
 	dog    watchdog
 	hub    *hub.Hub
+	sw     strWait // string locks' waits (stringwait.go)
 	ps     pubsub
 	fences fenceMemo
 
@@ -300,6 +301,7 @@ func (c *Client) close() {
 		return
 	}
 	c.hub.Close()
+	c.closeKeyspace()
 	c.gs.wait()
 }
 

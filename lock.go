@@ -93,8 +93,11 @@ func (c *Client) initLock(l *lock, name, kind string, opts []LockOption) {
 
 // scriptKeys are the KEYS of the lock's scripts.
 func (lk *lock) scriptKeys() []string {
-	if lk.kind == wire.KindMutex {
+	switch lk.kind {
+	case wire.KindMutex:
 		return lk.keyArr[:3]
+	case wire.KindString:
+		return lk.keyArr[:2]
 	}
 	return lk.keyArr[:4]
 }
@@ -259,6 +262,9 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 	r.left, r.fence = time.Duration(n)*time.Millisecond, uint64(third)
 	if n < 0 { // no expiry on the key (not set by dlock): look again after a TTL
 		r.left = lk.ttl
+	}
+	if lk.isString() {
+		r.left = lk.c.stringLeft(lk, r.left) // no release may be heard: poll
 	}
 	return r, nil
 }

@@ -85,7 +85,7 @@ func (c *Client) subscribe(lc *local) {
 	if !lc.subscribed {
 		lc.subscribed = true
 		lc.ready[0] = c.hub.Want(lc.lk.hash)
-		lc.ready[1] = c.hub.Want(lc.lk.handover)
+		lc.ready[1] = c.secondWant(lc.lk)
 	}
 }
 
@@ -124,7 +124,7 @@ func (c *Client) leave(lc *local, w *waiter) {
 		delete(c.locals, lc.lk.hash)
 		if lc.subscribed {
 			c.hub.Unwant(lc.lk.hash)
-			c.hub.Unwant(lc.lk.handover)
+			c.secondUnwant(lc.lk)
 		}
 	}
 }
@@ -254,6 +254,9 @@ func (c *Client) turnFrom(lc *local) uint64 {
 func (c *Client) passOn(h *holding, ahead bool) *pass {
 	if h.lk.fair {
 		return nil // Fair, semaphore and RWMutex holders keep the line's order
+	}
+	if h.lk.isString() {
+		return nil // other libraries must see every release (see StringMutex)
 	}
 	if c.cfg.ack.on() {
 		return nil // every grant goes through Redis, to be acknowledged

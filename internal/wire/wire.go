@@ -434,5 +434,5 @@ var (
 
 // Scripts lists every script.
 func Scripts() []*Script {
-	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, Proclaim, Leader, QuorumAcquire, QuorumFence, MultiAcquire}
+	return []*Script{Acquire, Release, Extend, PTTL, Pass, FairAcquire, FairLeave, Sem, ForceUnlock, Proclaim, Leader, QuorumAcquire, QuorumFence, MultiAcquire, StrAcquire, StrRelease, StrExtend, StrPTTL}
 }
