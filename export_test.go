@@ -92,3 +92,6 @@ func Deadline(l *Lease) time.Time {
 // go through its autopipeliner, as when more than pipelineAbove calls are
 // in flight (tests of that path need not make the crowd).
 func ForcePipelined(c *Client) { c.inflight.Add(pipelineAbove) }
+
+// ClientID is the id that names c's hand-over channels (PREFIX{NAME}:c:ID).
+func ClientID(c *Client) string { return c.id }

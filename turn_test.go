@@ -3,13 +3,18 @@ package dlock_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/faults"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/dlock-go/dlock/internal/wire"
 )
 
 // cycleLocks runs workers goroutines on c, each locking name, holding it
@@ -92,19 +97,65 @@ func TestTurnGoesOnWhileNobodyWaits(t *testing.T) {
 func TestTurnEndsForAnotherClient(t *testing.T) {
 	s := redistest.Start(t)
 	cs, _ := newClients(t, s, 2)
+	turnEndsFor(t, s, cs[0], cs[1], "turn-b")
+}
+
+// TestTurnEndsForASlowClient is TestTurnEndsForAnotherClient with the other
+// Client's looks 30ms late, as on a loaded machine: until its look takes a
+// place in line, nobody waits there and the first Client's turn goes on
+// (about fifteen grants here, as many as when turns ended at their start's
+// waiters), so the turn is counted from that place, not from the call.
+func TestTurnEndsForASlowClient(t *testing.T) {
+	s := redistest.Start(t)
+	a, _ := newClient(t, s)
+	b, _ := faultyClient(t, s, faults.Rule{Script: "acquire", Kind: faults.DelaySend, P: 1, Min: 30 * time.Millisecond, Max: 30 * time.Millisecond})
+	turnEndsFor(t, s, a, b, "turn-slow")
+}
+
+// turnEndsFor runs three waiters of a passing the lock name among
+// themselves, then a Lock of b: from the moment b's waiter has its place in
+// the line at Redis, a grants it a turn's worth of grants at most.
+func turnEndsFor(t *testing.T, s *redistest.Server, a, b *dlock.Client, name string) {
+	t.Helper()
 	ctx := ctxT(t, 30*time.Second)
+	rdb := s.Client(t)
 	const workers = 3
 	var n atomic.Int64
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		cycleLocks(t, ctx, cs[0], "turn-b", workers, 2000, 2*time.Millisecond, stop, &n)
+		cycleLocks(t, ctx, a, name, workers, 2000, 2*time.Millisecond, stop, &n)
 	}()
 	waitFor(t, ctx, "the first Client's waiters passing the lock", func() bool { return n.Load() > 20 })
+	// The grants made once b's place is in the line (not a's: a head of a
+	// that looked while a record was on its way found a fence it had not
+	// noted yet, and waits in line too) (-1: not seen yet; a
+	// turn that ends before the look below sees the place counts none).
+	inLine := atomic.Int64{}
+	inLine.Store(-1)
+	returned := make(chan struct{})
+	looked := make(chan struct{})
+	go func() {
+		defer close(looked)
+		for {
+			select {
+			case <-returned:
+				return
+			default:
+			}
+			if placed(ctx, rdb, name, b) {
+				inLine.Store(n.Load())
+				return
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
 	before := n.Load()
-	l, err := cs[1].Mutex("turn-b").Lock(ctx)
+	l, err := b.Mutex(name).Lock(ctx)
 	after := n.Load()
+	close(returned)
+	<-looked
 	close(stop)
 	if err == nil {
 		err = l.Unlock(ctx)
@@ -113,11 +164,27 @@ func TestTurnEndsForAnotherClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	from := inLine.Load()
+	if from < 0 {
+		from = after
+	}
 	// One turn (the waiters queued when it was last raised, each Lock a
 	// grant) and the turn that was under way: a few grants of the first
 	// Client, however long its waiters would go on.
-	if got := after - before; got > 4*workers {
-		t.Fatalf("the other Client's Lock waited for %d grants of the first Client's %d waiters: its turn did not end", got, workers)
+	if got := after - from; got > 4*workers {
+		t.Fatalf("the other Client's waiter, in line, waited for %d grants of the first Client's %d waiters: its turn did not end", got, workers)
 	}
-	t.Logf("the other Client waited for %d grants", after-before)
+	t.Logf("the other Client waited for %d grants since its Lock call, %d since its place in line", after-before, after-from)
+}
+
+// placed reports whether a waiter of c has a place in the line for name at
+// Redis: the waiters' entries name their Client's hand-over channel.
+func placed(ctx context.Context, rdb *redis.Client, name string, c *dlock.Client) bool {
+	k := wire.KeysOf(wire.DefaultPrefix, name)
+	for _, v := range rdb.HGetAll(ctx, k.Waiters).Val() {
+		if strings.HasSuffix(v, wire.InfixHandOver+dlock.ClientID(c)) {
+			return true
+		}
+	}
+	return false
 }
