@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"os"
 	"sync"
@@ -183,4 +184,32 @@ func TestMultiLockLateHandOverOfAnotherPart(t *testing.T) {
 	}
 	_ = l.Unlock(ctx)
 	_ = lb.Unlock(ctx)
+}
+
+// TestMultiLockMutexLockUnderItsLease: a Mutex.Lock of one of a MultiLock
+// lease's names, with a ctx derived from that lease (same Client), waits
+// for the lease it runs under: without a deadline it never returns. It is
+// refused at once, as a MultiLock under it is.
+func TestMultiLockMutexLockUnderItsLease(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	l, err := c.MultiLock([]string{"under/a", "under/b"}).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Unlock(ctx) }()
+	wctx, cancel := context.WithTimeout(l.Context(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = c.Mutex("under/b").Lock(wctx)
+	if !errors.Is(err, dlock.ErrInvalidArgument) {
+		t.Fatalf("Mutex.Lock of a part under the MultiLock's lease: %v after %v, want ErrInvalidArgument at once (it waits for itself)", err, time.Since(start).Round(time.Millisecond))
+	}
+	// Another name is locked as ever.
+	o, err := c.Mutex("under/c").Lock(l.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = o.Unlock(ctx)
 }
