@@ -171,7 +171,7 @@ type Client struct {
 	mu      sync.Mutex         // guards locals, byToken, late and the waiters in them
 	locals  map[string]*local  // the locks this Client waits for, by lock key
 	byToken map[string]*waiter // waiters in line at Redis, by token (for hand-overs)
-	late    map[string]bool    // tokens whose hand-over was found before its message (expectHandOver)
+	late    map[string]bool    // hand-overs (channel and token: lateKey) found before their message (expectHandOver)
 	seq     uint64             // default-mode waiters ever queued: the last one's arrival number
 	heard   uint64             // hand-over messages delivered to a waiting waiter (for tests)
 

@@ -53,12 +53,19 @@ func (m *Mutex) TryLock(ctx context.Context) (l *Lease, err error) {
 //
 // Reentrancy: if ctx descends from the Context of a Lease of this lock on this
 // Client, Lock returns a new Lease on the same holding at once (a hold count).
-// The lock is released when every one of those leases has unlocked.
+// The lock is released when every one of those leases has unlocked. Under
+// a MultiLock lease that holds the name (same Client) Lock returns
+// ErrInvalidArgument: that lease is not re-entered, and Lock would wait for
+// it.
 func (m *Mutex) Lock(ctx context.Context) (l *Lease, err error) {
 	lk := &m.lk
 	defer lk.c.obs.acquire(&ctx, lk, callLock).end(&l, &err)
 	if l, err, done := lk.start(ctx); done {
 		return l, err
+	}
+	if lk.c.multiHeldIn(ctx, lk.name) {
+		// Its lease re-enters none of its names: this would wait for it.
+		return nil, nameErr(lk.name, invalidf("Lock under a MultiLock lease of this name would wait for itself: a MultiLock's names are not re-entered"))
 	}
 	if q := lk.c.q; q != nil {
 		return q.lock(ctx, lk)

@@ -297,14 +297,16 @@ func (c *Client) passOn(h *holding, ahead bool) *pass {
 	return p
 }
 
-// handOver delivers a hand-over from Redis to the waiter whose token it
-// names, if it still waits.
-func (c *Client) handOver(token string, fence uint64) {
+// handOver delivers a hand-over from Redis, heard on channel, to the
+// waiter whose token it names, if it still waits for that channel's lock.
+// A token is not one lock's: a MultiLock's parts share one, and a message
+// of a part it has obtained already may come while it waits for the next.
+func (c *Client) handOver(channel, token string, fence uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.late, token) // it came (see expectHandOver)
+	delete(c.late, lateKey(channel, token)) // it came (see expectHandOver)
 	w := c.byToken[token]
-	if w == nil {
+	if w == nil || w.h.lk.handover != channel {
 		return
 	}
 	w.asleep = false
@@ -326,8 +328,8 @@ func (c *Client) expectHandOver(lk *lock, w *waiter) {
 		c.mu.Unlock()
 		return
 	}
-	token := w.h.token
-	c.late[token] = true
+	key := lateKey(lk.handover, w.h.token)
+	c.late[key] = true
 	c.mu.Unlock()
 	c.goBg(func() {
 		t := time.NewTimer(lateHandOver)
@@ -338,14 +340,17 @@ func (c *Client) expectHandOver(lk *lock, w *waiter) {
 		case <-t.C:
 		}
 		c.mu.Lock()
-		missed := c.late[token]
-		delete(c.late, token)
+		missed := c.late[key]
+		delete(c.late, key)
 		c.mu.Unlock()
 		if missed {
 			c.hub.Suspect(lk.handover)
 		}
 	})
 }
+
+// lateKey is the key of c.late for a hand-over to token on channel.
+func lateKey(channel, token string) string { return channel + " " + token }
 
 // lateHandOver is how long after its waiter found it a hand-over message may
 // still come before it counts as missed.
@@ -410,7 +415,7 @@ func (ch clientHandler) Message(channel, payload string) {
 		return
 	}
 	if f, token, ok := wire.ParseHandOver(payload); ok {
-		ch.c.handOver(token, f)
+		ch.c.handOver(channel, token, f)
 		return
 	}
 	f, ok := wire.ParseWake(payload)
