@@ -208,6 +208,11 @@ func (t *take) lock(ctx context.Context) (l *Lease, err error, again bool) {
 				return nil, nil, true
 			}
 			if t.held[blocked], err = t.waitFor(ctx, blocked); err != nil {
+				// The wait's own end gave the part back with our token,
+				// or takes a pass made to it meanwhile and passes it on
+				// (lock.quit): a second give-back could release it under
+				// the lease it was passed on to.
+				t.doubt[blocked] = false
 				t.undo(ctx)
 				return nil, err, false
 			}
@@ -222,6 +227,7 @@ func (t *take) waitFor(ctx context.Context, i int) (*Lease, error) {
 	lk := &t.m.parts[i].lk
 	h := lk.newHolding(t.parent, 0)
 	h.token = t.token
+	h.acqDoubt = t.doubt[i] // a group acquire of ours may yet run, setting its TTL again
 	return lk.lockHolding(ctx, h)
 }
 
