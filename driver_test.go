@@ -50,20 +50,33 @@ func newDlockOrErr(t testing.TB, rdb redis.UniversalClient, opts ...dlock.Option
 	if !onRueidis() {
 		return dlock.New(rdb, opts...), nil
 	}
-	newClient := rueidis.NewClient
-	if in, ok := rueidisFaults.Load(rdb); ok {
-		newClient = in.(*faults.Injector).NewRueidis
-	}
-	rc, err := newClient(rueidisOptions(t, rdb))
+	rc, err := newRueidis(t, rdb)
 	if err != nil {
 		return nil, err
 	}
-	t.Cleanup(rc.Close)
 	c, err := rueidisdlock.New(rc, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c, nil
+}
+
+// newRueidis returns a rueidis client to rdb's servers, made as newDlock
+// says (with the Injector that injectFaults gave rdb), closed when the
+// test ends. Like rueidis.NewClient, it returns the client with the error
+// when it has one: a client of one server (ForceSingleClient) that could
+// not reach it yet, which dials again at each call.
+func newRueidis(t testing.TB, rdb redis.UniversalClient) (rueidis.Client, error) {
+	t.Helper()
+	newClient := rueidis.NewClient
+	if in, ok := rueidisFaults.Load(rdb); ok {
+		newClient = in.(*faults.Injector).NewRueidis
+	}
+	rc, err := newClient(rueidisOptions(t, rdb))
+	if rc != nil {
+		t.Cleanup(rc.Close)
+	}
+	return rc, err
 }
 
 // rueidisFaults holds, over rueidis, the Injector that injectFaults gave
@@ -87,6 +100,34 @@ func injectFaults(t testing.TB, rdb redis.UniversalClient, in *faults.Injector) 
 	t.Cleanup(func() { rueidisFaults.Delete(rdb) })
 }
 
+// driverPrefix is what a replay command starts with to run over the
+// driver this test does: "DLOCK_DRIVER=rueidis " or nothing.
+func driverPrefix() string {
+	if onRueidis() {
+		return driverEnv + "=rueidis "
+	}
+	return ""
+}
+
+// rueidisOneConn holds the go-redis clients whose rueidis counterparts
+// pipeline on one connection (see oneConnOnRueidis).
+var rueidisOneConn sync.Map // redis.UniversalClient → struct{}
+
+// oneConnOnRueidis makes the rueidis client that newRueidis makes for each
+// of rdbs send every command on one connection (PipelineMultiplex -1),
+// rather than on one of several picked at random for each command (two on
+// a 2-core machine), each dialled on its first use: for a test that opens
+// its connections, then holds, drops or refuses what comes after, and
+// counts on no call needing a new connection (whose handshake would wait
+// behind the fault), as a go-redis client reuses its one idle connection.
+func oneConnOnRueidis(t testing.TB, rdbs ...redis.UniversalClient) {
+	t.Helper()
+	for _, rdb := range rdbs {
+		rueidisOneConn.Store(rdb, struct{}{})
+		t.Cleanup(func() { rueidisOneConn.Delete(rdb) })
+	}
+}
+
 // skipOnRueidis skips a test that cannot run over rueidis, saying why.
 func skipOnRueidis(t testing.TB, why string) {
 	t.Helper()
@@ -102,6 +143,9 @@ func rueidisOptions(t testing.TB, rdb redis.UniversalClient) rueidis.ClientOptio
 		// dlock never uses client-side caching; tracking would cost every
 		// connection a CLIENT TRACKING.
 		DisableCache: true,
+	}
+	if _, ok := rueidisOneConn.Load(rdb); ok {
+		o.PipelineMultiplex = -1
 	}
 	dialer := func(d func(ctx context.Context, network, addr string) (net.Conn, error)) {
 		if d != nil {

@@ -125,10 +125,7 @@ func TestReview3QuorumProposalsDoNotCreep(t *testing.T) {
 func TestReview3QuorumFarCounterDoesNotStick(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	servers, rdbs := quorumMasters(t, 5)
-	var raises raiseCounter
-	for _, r := range rdbs {
-		r.AddHook(&raises)
-	}
+	raises := countRaises(t, rdbs)
 	c := patientQuorum(t, rdbs)
 	ahead := time.Now().Add(time.Hour).UnixMicro()
 	for _, s := range servers {
@@ -142,12 +139,12 @@ func TestReview3QuorumFarCounterDoesNotStick(t *testing.T) {
 	const grants = 20
 	raised := 0 // grants (each of a fresh name) that needed a raise
 	for i := range grants {
-		before := raises.n.Load()
+		before := raises()
 		l, err := c.Mutex("near"+strconv.Itoa(i), dlock.TTL(10*time.Second)).Lock(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if raises.n.Load() > before {
+		if raises() > before {
 			raised++
 		}
 		if i == grants-1 {
@@ -186,7 +183,7 @@ func TestReview3QuorumCloseRacesEverything(t *testing.T) {
 	}
 	defer func() {
 		if t.Failed() {
-			t.Logf("replay: DLOCK_SEED=%d go test -race -count=1 -run '^TestReview3QuorumCloseRacesEverything$' .", seed)
+			t.Logf("replay: %sDLOCK_SEED=%d go test -race -count=1 -run '^TestReview3QuorumCloseRacesEverything$' .", driverPrefix(), seed)
 		}
 	}()
 	ctx := ctxT(t, 90*time.Second)
@@ -218,14 +215,14 @@ func TestReview3QuorumCloseRacesEverything(t *testing.T) {
 		view := make([]redis.UniversalClient, len(servers))
 		for i, s := range servers {
 			rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = round%2 == 1 })
-			rdb.AddHook(faults.New(faults.Config{Seed: seed*100 + uint64(round*10+i), Scripts: faults.EngineScripts(), MaxDelay: 5 * time.Second, Rules: []faults.Rule{
+			injectFaults(t, rdb, faults.New(faults.Config{Seed: seed*100 + uint64(round*10+i), Scripts: faults.EngineScripts(), MaxDelay: 5 * time.Second, Rules: []faults.Rule{
 				{Script: "quorum_acquire", Kind: faults.DelayWrite, P: 0.3, Max: 120 * ms},
 				{Script: "quorum_acquire", Kind: faults.DelayReply, P: 0.3, Max: 120 * ms},
 				{Kind: faults.DelayReply, P: 0.1, Max: 60 * ms},
 			}}))
 			view[i] = rdb
 		}
-		c, err := dlock.NewQuorum(view, dlock.WithNodeTimeout(50*ms))
+		c, err := newQuorumOrErr(t, view, dlock.WithNodeTimeout(50*ms))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -39,7 +39,7 @@ func seededMaster(t *testing.T, s *redistest.Server, seed uint64, rules ...fault
 	}
 	in := faults.New(faults.Config{Seed: seed, Scripts: faults.EngineScripts(), Rules: rules, MaxDelay: 5 * time.Second})
 	rdb := s.Client(t)
-	rdb.AddHook(in)
+	injectFaults(t, rdb, in)
 	return rdb, in
 }
 
@@ -242,6 +242,7 @@ func TestReviewQuorumFailoverToLaggingReplica(t *testing.T) {
 // so NewQuorum refused any two of them as "both FailoverClient: the
 // masters must be independent".
 func TestReviewQuorumFailoverClients(t *testing.T) {
+	skipOnRueidis(t, "the defect is go-redis's address for every failover client; a rueidis Sentinel client is told apart by its primary's address, and is not made without a reachable sentinel")
 	rdbs := make([]redis.UniversalClient, 3)
 	for i := range rdbs {
 		rdbs[i] = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m" + strconv.Itoa(i), SentinelAddrs: []string{"127.0.0.1:1"}})
@@ -475,7 +476,7 @@ func TestReviewQuorumCloseWithMasterDown(t *testing.T) {
 		// read timeouts on the frozen master (see aside).
 		rdbs[i] = s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	}
-	q, err := dlock.NewQuorum(rdbs, dlock.WithNodeTimeout(100*time.Millisecond))
+	q, err := newQuorumOrErr(t, rdbs, dlock.WithNodeTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -523,7 +524,7 @@ func TestReviewQuorumInterleavings(t *testing.T) {
 	}
 	defer func() {
 		if t.Failed() {
-			t.Logf("replay: DLOCK_SEED=%d DLOCK_CHAOS=%v go test -race -count=1 -run '^TestReviewQuorumInterleavings$' .", seed, dur)
+			t.Logf("replay: %sDLOCK_SEED=%d DLOCK_CHAOS=%v go test -race -count=1 -run '^TestReviewQuorumInterleavings$' .", driverPrefix(), seed, dur)
 		}
 	}()
 	ctx := ctxT(t, dur+30*time.Second)
