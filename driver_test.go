@@ -161,7 +161,7 @@ func rueidisOptions(t testing.TB, rdb redis.UniversalClient) rueidis.ClientOptio
 			o.Sentinel = rueidis.SentinelOption{MasterSet: fo.MasterName, Username: fo.SentinelUsername, Password: fo.SentinelPassword}
 			o.Username, o.Password, o.ClientName, o.TLSConfig, o.SelectDB = fo.Username, fo.Password, fo.ClientName, fo.TLSConfig, fo.DB
 			dialer(fo.Dialer)
-			setTimeout(&o, fo.ReadTimeout)
+			setTimeouts(&o, fo.DialTimeout, fo.ReadTimeout)
 			return o
 		}
 		ro := r.Options()
@@ -171,7 +171,7 @@ func rueidisOptions(t testing.TB, rdb redis.UniversalClient) rueidis.ClientOptio
 		o.InitAddress, o.ForceSingleClient = []string{ro.Addr}, true
 		o.Username, o.Password, o.ClientName, o.TLSConfig, o.SelectDB = ro.Username, ro.Password, ro.ClientName, ro.TLSConfig, ro.DB
 		dialer(ro.Dialer)
-		setTimeout(&o, ro.ReadTimeout)
+		setTimeouts(&o, ro.DialTimeout, ro.ReadTimeout)
 	case *redis.ClusterClient:
 		co := r.Options()
 		if co.ClusterSlots != nil {
@@ -180,18 +180,22 @@ func rueidisOptions(t testing.TB, rdb redis.UniversalClient) rueidis.ClientOptio
 		o.InitAddress = co.Addrs
 		o.Username, o.Password, o.ClientName, o.TLSConfig = co.Username, co.Password, co.ClientName, co.TLSConfig
 		dialer(co.Dialer)
-		setTimeout(&o, co.ReadTimeout)
+		setTimeouts(&o, co.DialTimeout, co.ReadTimeout)
 	default:
 		t.Skipf("%s=rueidis: a %T has no rueidis counterpart", driverEnv, rdb)
 	}
 	return o
 }
 
-// setTimeout gives rueidis the go-redis client's read timeout (0: go-redis's
+// setTimeouts gives rueidis the go-redis client's read timeout (0: go-redis's
 // default, 3s) as the bound on a connection that stops answering
 // (ConnWriteTimeout also times its keep-alive PING): the fault tests pause
-// servers and count on go-redis's bound.
-func setTimeout(o *rueidis.ClientOption, read time.Duration) {
+// servers and count on go-redis's bound. A dial timeout set bounds a new
+// connection's dial and handshake (Dialer.Timeout; both 5s by default).
+func setTimeouts(o *rueidis.ClientOption, dial, read time.Duration) {
+	if dial > 0 {
+		o.Dialer.Timeout = dial
+	}
 	switch {
 	case read == 0:
 		o.ConnWriteTimeout = 3 * time.Second

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -261,7 +262,9 @@ func TestReviewQuorumFailoverClients(t *testing.T) {
 // unanswering returns a client of s through a proxy that drops every
 // command: a master that never answers (until the test ends). Its calls
 // end with their ctx (ContextTimeoutEnabled), so that no helper goroutine
-// waits for go-redis's read timeout when the Client closes.
+// waits for go-redis's read timeout when the Client closes. Over rueidis,
+// whose NewClient waits for a handshake that never comes, the dial
+// timeout bounds that wait (go-redis's bounds only the dial).
 func unanswering(t *testing.T, s *redistest.Server) redis.UniversalClient {
 	t.Helper()
 	p, err := faultproxy.Start(s.Addr())
@@ -270,7 +273,7 @@ func unanswering(t *testing.T, s *redistest.Server) redis.UniversalClient {
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	p.Drop(faultproxy.Upstream)
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, MaxRetries: -1, ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 500 * time.Millisecond})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }
@@ -287,23 +290,30 @@ func TestReviewQuorumWaiterAfterSplitVote(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	servers, rdbs := quorumMasters(t, 5)
 	const ttl = 30 * time.Second
-	contender := func(mine ...int) {
+	// Both contenders are made before either tries, so that their
+	// attempts overlap however long making them takes.
+	contender := func(mine ...int) func() {
 		view := make([]redis.UniversalClient, 5)
 		for i, s := range servers {
-			view[i] = unanswering(t, s)
+			if !slices.Contains(mine, i) {
+				view[i] = unanswering(t, s)
+			}
 		}
 		for _, i := range mine {
 			view[i] = rdbs[i]
 		}
 		c := newQuorum(t, view, dlock.WithNodeTimeout(time.Second))
-		go func() {
-			if _, err := c.Mutex("split-vote", dlock.TTL(ttl)).TryLock(ctx); err == nil {
-				t.Error("a contender with two of five masters got the lock")
-			}
-		}()
+		return func() {
+			go func() {
+				if _, err := c.Mutex("split-vote", dlock.TTL(ttl)).TryLock(ctx); err == nil {
+					t.Error("a contender with two of five masters got the lock")
+				}
+			}()
+		}
 	}
-	contender(0, 1)
-	contender(2, 3)
+	first, second := contender(0, 1), contender(2, 3)
+	first()
+	second()
 	waitFor(t, ctx, "the contenders to hold A, B, C and D", func() bool {
 		for _, s := range servers[:4] {
 			if s.Do(t, "hget", "dlock:{split-vote}", "o") == nil {
