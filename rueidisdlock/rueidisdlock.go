@@ -86,6 +86,12 @@ func New(client rueidis.Client, opts ...dlock.Option) (*dlock.Client, error) {
 // same server (for a Sentinel client, its primary when NewQuorum is
 // called). The Client does not own clients: Close leaves them open. Every
 // error satisfies errors.Is(err, dlock.ErrInvalidArgument).
+//
+// A master that is down when its client is made: rueidis.NewClient fails
+// for it unless ClientOption.ForceSingleClient is set, in which case it
+// returns the client with the error, and the client dials again at each
+// call. Keep such a client: the master counts as down until it answers,
+// as a go-redis client's would.
 func NewQuorum(clients []rueidis.Client, opts ...dlock.Option) (*dlock.Client, error) {
 	master := func(i int) (addr, not string) {
 		switch c := clients[i]; {
