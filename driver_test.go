@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"crypto/tls"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -126,6 +127,20 @@ func oneConnOnRueidis(t testing.TB, rdbs ...redis.UniversalClient) {
 		rueidisOneConn.Store(rdb, struct{}{})
 		t.Cleanup(func() { rueidisOneConn.Delete(rdb) })
 	}
+}
+
+// rueidisShare returns how many of n seeded runs (a chaos test's
+// primitives, a test's rounds) a long randomized test makes: over rueidis,
+// in make test's rueidis pass, half of them, n/2 rounded up or down by a
+// coin, so that a single run is made every other time; n otherwise, and
+// always with DLOCK_CHAOS_ROUNDS (make chaos) or DLOCK_SEED (a replay).
+// The engine is the -race pass's, only the driver differs, and the
+// rueidis pass has little time.
+func rueidisShare(n int) int {
+	if !onRueidis() || os.Getenv("DLOCK_CHAOS_ROUNDS") != "" || os.Getenv("DLOCK_SEED") != "" {
+		return n
+	}
+	return n/2 + n%2*rand.IntN(2)
 }
 
 // skipOnRueidis skips a test that cannot run over rueidis, saying why.

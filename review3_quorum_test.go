@@ -175,7 +175,9 @@ func TestReview3QuorumFarCounterDoesNotStick(t *testing.T) {
 // may hold the lock: nothing was unreachable, only slow. Every other round
 // the masters' go-redis clients bound their I/O by the ctx
 // (ContextTimeoutEnabled); those rounds check only that every call
-// returned (see the limit below). DLOCK_SEED replays a seed.
+// returned (see the limit below). DLOCK_SEED replays a seed. 8 rounds;
+// make test's rueidis pass runs 4 (see rueidisShare), where the masters'
+// rueidis clients have no such setting and every round checks the locks.
 func TestReview3QuorumCloseRacesEverything(t *testing.T) {
 	seed, replay := envSeed(t)
 	if !replay {
@@ -211,7 +213,7 @@ func TestReview3QuorumCloseRacesEverything(t *testing.T) {
 	}
 	var grants atomic.Int64
 	defer func() { t.Logf("seed %d: %d grants", seed, grants.Load()) }()
-	for round := range 8 {
+	for round := range rueidisShare(8) {
 		view := make([]redis.UniversalClient, len(servers))
 		for i, s := range servers {
 			rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = round%2 == 1 })
@@ -276,7 +278,7 @@ func TestReview3QuorumCloseRacesEverything(t *testing.T) {
 		if !timed("Close", func() { _ = c.Close() }) || !timed("the workers", wg.Wait) {
 			return
 		}
-		if round%2 == 1 {
+		if round%2 == 1 && !onRueidis() {
 			// With a ctx-aware client, about 1 run in 10 under CPU load
 			// leaves one master (a minority) holding a lock after Close,
 			// until its TTL; a give-back past Close for that client's
