@@ -169,6 +169,7 @@ func TestQuorumBadSettings(t *testing.T) {
 		}
 		if q != nil {
 			t.Errorf("%s: a Client with the error", c.name)
+			_ = q.Close()
 		}
 	}
 	// Quorum options on a one-server Client are refused by its locks.
