@@ -52,7 +52,7 @@ vet:
 # driver_test.go: half the primitives' interleavings, quorum mode's every
 # other time, 4 of the 8 rounds of TestReview3QuorumCloseRacesEverything).
 # The quorum tests take about 2 minutes of that pass, mostly waiting
-# (about 30 s of CPU), on a 2-core VM. The two passes run at once: the
+# (about 25 s of CPU), on a 2-core VM. The two passes run at once: the
 # root package's tests mostly wait on TTLs, pauses and failovers (its
 # -race pass keeps under half of one core busy), and every test starts
 # servers of its own on ports no other process holds.
