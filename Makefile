@@ -46,12 +46,16 @@ vet:
 
 # The root package runs a second time over the rueidis driver
 # (DLOCK_DRIVER=rueidis, see driver_test.go), without -race to bound the
-# time (the first pass races the engine, which both drivers share) and
-# without the quorum tests, which take go-redis clients only and would run
-# as in the first pass (about 2 of its 6 minutes on a 2-core VM). The two
-# passes run at once: the root package's tests mostly wait on TTLs, pauses
-# and failovers (its -race pass keeps under half of one core busy), and
-# every test starts servers of its own on ports no other process holds.
+# time (the first pass races the engine, which both drivers share), quorum
+# mode over rueidisdlock.NewQuorum included; its long randomized tests run
+# a random half of their seeds and rounds there (rueidisShare in
+# driver_test.go: half the primitives' interleavings, quorum mode's every
+# other time, 4 of the 8 rounds of TestReview3QuorumCloseRacesEverything).
+# The quorum tests take about 2 minutes of that pass, mostly waiting
+# (about 25 s of CPU), on a 2-core VM. The two passes run at once: the
+# root package's tests mostly wait on TTLs, pauses and failovers (its
+# -race pass keeps under half of one core busy), and every test starts
+# servers of its own on ports no other process holds.
 # The -race pass runs one package at a time (-p 1), so that no more than
 # two test processes share the cores: the fault tests' timing margins
 # (a hand-over confirmed within its TTL under WithReplicaAck, an acquire
@@ -63,7 +67,7 @@ vet:
 # process and, while the -race pass is the longer, no time; without -race:
 # it tests what goes over the wire, and the engine it drives is raced in
 # the first pass.
-RUEIDIS_PASS = DLOCK_DRIVER=rueidis $(GO) test -count=1 -timeout 20m -skip Quorum . ./rueidisdlock
+RUEIDIS_PASS = DLOCK_DRIVER=rueidis $(GO) test -count=1 -timeout 20m . ./rueidisdlock
 INTEROP_PASS = cd interop && $(GO) test -count=1 -timeout 2m ./...
 test: redis-server cc interop-deps vet
 	@log=$$(mktemp); \

@@ -137,7 +137,7 @@ func TestACLLeastPrivilege(t *testing.T) {
 		for _, m := range masters {
 			rdbs = append(rdbs, m.Client(t, asUser("dlock", aclPassword)))
 		}
-		q, err := dlock.NewQuorum(rdbs, dlock.WithRestartDelay(0))
+		q, err := newQuorumOrErr(t, rdbs, dlock.WithRestartDelay(0))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -300,7 +300,7 @@ func TestACLMissingPieceQuorum(t *testing.T) {
 			for _, m := range masters {
 				rdbs = append(rdbs, m.Client(t, asUser("dlock", aclPassword)))
 			}
-			q, err := dlock.NewQuorum(rdbs, dlock.WithRestartDelay(0))
+			q, err := newQuorumOrErr(t, rdbs, dlock.WithRestartDelay(0))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -212,14 +212,22 @@ func newOver(drv driver.Conn, cfg clientConfig) *Client {
 	return c
 }
 
-// init lets a driver outside this package (rueidisdlock) make a Client
-// without an exported constructor that names internal types: package
+// init lets a driver outside this package (rueidisdlock) make a Client,
+// one server's or a quorum's, without an exported constructor that names internal types: package
 // driver holds the hook, which only this module can import, and a driver
 // package that calls it imports dlock, so this init has run by then.
 func init() {
 	driver.Attach = func(drv driver.Conn, opts any) any {
 		o, _ := opts.([]Option)
 		return newOver(drv, configure(o))
+	}
+	driver.AttachQuorum = func(who string, opts any, n int, master func(int) (string, string), conn func(int) driver.Conn) (any, error) {
+		o, _ := opts.([]Option)
+		c, err := quorumOver(who, o, n, master, conn)
+		if err != nil {
+			return nil, err // not a typed nil in an any
+		}
+		return c, nil
 	}
 }
 

@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"crypto/tls"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -50,20 +51,33 @@ func newDlockOrErr(t testing.TB, rdb redis.UniversalClient, opts ...dlock.Option
 	if !onRueidis() {
 		return dlock.New(rdb, opts...), nil
 	}
-	newClient := rueidis.NewClient
-	if in, ok := rueidisFaults.Load(rdb); ok {
-		newClient = in.(*faults.Injector).NewRueidis
-	}
-	rc, err := newClient(rueidisOptions(t, rdb))
+	rc, err := newRueidis(t, rdb)
 	if err != nil {
 		return nil, err
 	}
-	t.Cleanup(rc.Close)
 	c, err := rueidisdlock.New(rc, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c, nil
+}
+
+// newRueidis returns a rueidis client to rdb's servers, made as newDlock
+// says (with the Injector that injectFaults gave rdb), closed when the
+// test ends. Like rueidis.NewClient, it returns the client with the error
+// when it has one: a client of one server (ForceSingleClient) that could
+// not reach it yet, which dials again at each call.
+func newRueidis(t testing.TB, rdb redis.UniversalClient) (rueidis.Client, error) {
+	t.Helper()
+	newClient := rueidis.NewClient
+	if in, ok := rueidisFaults.Load(rdb); ok {
+		newClient = in.(*faults.Injector).NewRueidis
+	}
+	rc, err := newClient(rueidisOptions(t, rdb))
+	if rc != nil {
+		t.Cleanup(rc.Close)
+	}
+	return rc, err
 }
 
 // rueidisFaults holds, over rueidis, the Injector that injectFaults gave
@@ -87,6 +101,48 @@ func injectFaults(t testing.TB, rdb redis.UniversalClient, in *faults.Injector) 
 	t.Cleanup(func() { rueidisFaults.Delete(rdb) })
 }
 
+// driverPrefix is what a replay command starts with to run over the
+// driver this test does: "DLOCK_DRIVER=rueidis " or nothing.
+func driverPrefix() string {
+	if onRueidis() {
+		return driverEnv + "=rueidis "
+	}
+	return ""
+}
+
+// rueidisOneConn holds the go-redis clients whose rueidis counterparts
+// pipeline on one connection (see oneConnOnRueidis).
+var rueidisOneConn sync.Map // redis.UniversalClient → struct{}
+
+// oneConnOnRueidis makes the rueidis client that newRueidis makes for each
+// of rdbs send every command on one connection (PipelineMultiplex -1),
+// rather than on one of several picked at random for each command (two on
+// a 2-core machine), each dialled on its first use: for a test that opens
+// its connections, then holds, drops or refuses what comes after, and
+// counts on no call needing a new connection (whose handshake would wait
+// behind the fault), as a go-redis client reuses its one idle connection.
+func oneConnOnRueidis(t testing.TB, rdbs ...redis.UniversalClient) {
+	t.Helper()
+	for _, rdb := range rdbs {
+		rueidisOneConn.Store(rdb, struct{}{})
+		t.Cleanup(func() { rueidisOneConn.Delete(rdb) })
+	}
+}
+
+// rueidisShare returns how many of n seeded runs (a chaos test's
+// primitives, a test's rounds) a long randomized test makes: over rueidis,
+// in make test's rueidis pass, half of them, n/2 rounded up or down by a
+// coin, so that a single run is made every other time; n otherwise, and
+// always with DLOCK_CHAOS_ROUNDS (make chaos) or DLOCK_SEED (a replay).
+// The engine is the -race pass's, only the driver differs, and the
+// rueidis pass has little time.
+func rueidisShare(n int) int {
+	if !onRueidis() || os.Getenv("DLOCK_CHAOS_ROUNDS") != "" || os.Getenv("DLOCK_SEED") != "" {
+		return n
+	}
+	return n/2 + n%2*rand.IntN(2)
+}
+
 // skipOnRueidis skips a test that cannot run over rueidis, saying why.
 func skipOnRueidis(t testing.TB, why string) {
 	t.Helper()
@@ -103,6 +159,9 @@ func rueidisOptions(t testing.TB, rdb redis.UniversalClient) rueidis.ClientOptio
 		// connection a CLIENT TRACKING.
 		DisableCache: true,
 	}
+	if _, ok := rueidisOneConn.Load(rdb); ok {
+		o.PipelineMultiplex = -1
+	}
 	dialer := func(d func(ctx context.Context, network, addr string) (net.Conn, error)) {
 		if d != nil {
 			o.DialCtxFn = func(ctx context.Context, addr string, _ *net.Dialer, _ *tls.Config) (net.Conn, error) {
@@ -117,7 +176,7 @@ func rueidisOptions(t testing.TB, rdb redis.UniversalClient) rueidis.ClientOptio
 			o.Sentinel = rueidis.SentinelOption{MasterSet: fo.MasterName, Username: fo.SentinelUsername, Password: fo.SentinelPassword}
 			o.Username, o.Password, o.ClientName, o.TLSConfig, o.SelectDB = fo.Username, fo.Password, fo.ClientName, fo.TLSConfig, fo.DB
 			dialer(fo.Dialer)
-			setTimeout(&o, fo.ReadTimeout)
+			setTimeouts(&o, fo.DialTimeout, fo.ReadTimeout)
 			return o
 		}
 		ro := r.Options()
@@ -127,7 +186,7 @@ func rueidisOptions(t testing.TB, rdb redis.UniversalClient) rueidis.ClientOptio
 		o.InitAddress, o.ForceSingleClient = []string{ro.Addr}, true
 		o.Username, o.Password, o.ClientName, o.TLSConfig, o.SelectDB = ro.Username, ro.Password, ro.ClientName, ro.TLSConfig, ro.DB
 		dialer(ro.Dialer)
-		setTimeout(&o, ro.ReadTimeout)
+		setTimeouts(&o, ro.DialTimeout, ro.ReadTimeout)
 	case *redis.ClusterClient:
 		co := r.Options()
 		if co.ClusterSlots != nil {
@@ -136,18 +195,22 @@ func rueidisOptions(t testing.TB, rdb redis.UniversalClient) rueidis.ClientOptio
 		o.InitAddress = co.Addrs
 		o.Username, o.Password, o.ClientName, o.TLSConfig = co.Username, co.Password, co.ClientName, co.TLSConfig
 		dialer(co.Dialer)
-		setTimeout(&o, co.ReadTimeout)
+		setTimeouts(&o, co.DialTimeout, co.ReadTimeout)
 	default:
 		t.Skipf("%s=rueidis: a %T has no rueidis counterpart", driverEnv, rdb)
 	}
 	return o
 }
 
-// setTimeout gives rueidis the go-redis client's read timeout (0: go-redis's
+// setTimeouts gives rueidis the go-redis client's read timeout (0: go-redis's
 // default, 3s) as the bound on a connection that stops answering
 // (ConnWriteTimeout also times its keep-alive PING): the fault tests pause
-// servers and count on go-redis's bound.
-func setTimeout(o *rueidis.ClientOption, read time.Duration) {
+// servers and count on go-redis's bound. A dial timeout set bounds a new
+// connection's dial and handshake (Dialer.Timeout; both 5s by default).
+func setTimeouts(o *rueidis.ClientOption, dial, read time.Duration) {
+	if dial > 0 {
+		o.Dialer.Timeout = dial
+	}
 	switch {
 	case read == 0:
 		o.ConnWriteTimeout = 3 * time.Second

@@ -44,6 +44,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // An odd number is the sensible choice: with N masters a lock needs N/2+1
 // of them, so N = 4 tolerates one master down, as N = 3 does, at a greater
 // cost. The Client does not own rdbs: Close leaves them open.
+// rueidisdlock.NewQuorum is the same over rueidis clients.
 //
 // Mutex works as on one server, in default mode (Fair, RWMutex and
 // Semaphore report errors.ErrUnsupported): Lock, TryLock, Do, reentrancy,
@@ -73,29 +74,19 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // same restart delay, and no lease may be longer (a TTL or Extend above it
 // is refused).
 func NewQuorum(rdbs []redis.UniversalClient, opts ...Option) (*Client, error) {
-	cfg := configure(opts)
-	if err := checkQuorum(cfg, len(rdbs)); err != nil {
-		return nil, err
-	}
-	drvs := make([]driver.Conn, len(rdbs))
-	addrs := make([]string, len(rdbs))
-	seen := map[string]int{}
-	for i, r := range rdbs {
-		rc, ok := r.(*redis.Client)
+	clients := make([]*redis.Client, len(rdbs))
+	master := func(i int) (addr, not string) {
+		rc, ok := rdbs[i].(*redis.Client)
 		if !ok || rc == nil {
-			return nil, invalidf("NewQuorum: master %d is a %T: each must be a *redis.Client of one master (or a failover client)", i, r)
+			return "", fmt.Sprintf("a %T: each must be a *redis.Client of one master (or a failover client)", rdbs[i])
 		}
-		addr := rc.Options().Addr
-		if addr == failoverAddr {
+		clients[i] = rc
+		if addr = rc.Options().Addr; addr == failoverAddr {
 			addr = fmt.Sprintf("the failover client %p", rc) // its master is the sentinels' to say
 		}
-		if j, dup := seen[addr]; dup {
-			return nil, invalidf("NewQuorum: masters %d and %d are both %s: the masters must be independent", j, i, addr)
-		}
-		seen[addr] = i
-		drvs[i], addrs[i] = goredis.New(rc, false), addr
+		return addr, ""
 	}
-	return newQuorum(cfg, drvs, addrs), nil
+	return quorumOver("NewQuorum", opts, len(rdbs), master, func(i int) driver.Conn { return goredis.New(clients[i], false) })
 }
 
 // failoverAddr is the address go-redis gives every failover client.

@@ -98,9 +98,10 @@ func TestInterleavingsReplicaAck(t *testing.T) {
 
 // TestInterleavingsQuorum is TestInterleavings for the Mutex (default
 // mode, the only lock quorum mode has) on five independent masters, every
-// Client made by NewQuorum: each master's go-redis client gets faults of
-// its own, one or two masters are paused at a time, and a master restarts
-// without its data now and then (WithRestartDelay is the longest TTL). A
+// Client made by NewQuorum (rueidisdlock's under DLOCK_DRIVER=rueidis):
+// each master's client gets faults of its own, one or two masters are
+// paused at a time, and a master restarts without its data now and then
+// (WithRestartDelay is the longest TTL). A
 // lease believed valid must be held on a majority of the masters, counting
 // one that lost its data less than the restart delay ago (it votes for
 // nobody until then), and the lock must be free on every master one TTL
@@ -147,17 +148,16 @@ func interleavings(t *testing.T, test string, topo ilTopology, kinds []string, p
 	if replay {
 		rounds = 1
 	}
-	driver := ""
-	if onRueidis() {
-		driver = driverEnv + "=rueidis "
-		if !replay && os.Getenv("DLOCK_CHAOS_ROUNDS") == "" {
-			// make test's rueidis pass runs half the primitives, drawn
-			// anew each time: the engine is the first pass's, only the
-			// driver differs, and that pass has little time.
-			kinds = slices.Clone(kinds)
-			rand.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
-			kinds = kinds[:(len(kinds)+1)/2]
+	driver := driverPrefix()
+	if n := rueidisShare(len(kinds)); n < len(kinds) {
+		// make test's rueidis pass runs half the primitives, drawn anew
+		// each time (quorum mode's one, every other time).
+		if n == 0 {
+			t.Skipf("%s=rueidis: drawn out of this run, as half the primitives are (DLOCK_CHAOS_ROUNDS=1 runs it)", driverEnv)
 		}
+		kinds = slices.Clone(kinds)
+		rand.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+		kinds = kinds[:n]
 	}
 	for _, kind := range kinds {
 		t.Run(kind, func(t *testing.T) {
@@ -402,11 +402,7 @@ func (w *interleaving) newClient() *ilClient {
 		}
 		in := w.injector(uint64(i)<<56+w.seed*1000+uint64(gen), slow)
 		rdb := s.Client(t)
-		if w.topo == ilQuorum {
-			rdb.AddHook(in) // quorum mode takes go-redis clients only
-		} else {
-			injectFaults(t, rdb, in)
-		}
+		injectFaults(t, rdb, in)
 		rdbs = append(rdbs, rdb)
 		ic.ins = append(ic.ins, in)
 	}

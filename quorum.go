@@ -113,21 +113,45 @@ const (
 // "Distributed Locks" page adds 2 ms the same way).
 const quorumSlack = 2 * time.Millisecond
 
-// checkQuorum checks NewQuorum's settings for n masters.
-func checkQuorum(cfg clientConfig, n int) error {
+// quorumOver is what NewQuorum and rueidisdlock.NewQuorum share: who
+// names the constructor in its errors; there are n masters, and a
+// driver's master(i) returns the address of master i (two masters at one
+// address are the same master) or, if it cannot be one, what it is and
+// why not; conn(i) makes its driver, once every master passed.
+func quorumOver(who string, opts []Option, n int, master func(i int) (addr, not string), conn func(i int) driver.Conn) (*Client, error) {
+	cfg := configure(opts)
 	switch {
 	case n < 3:
-		return invalidf("NewQuorum: %d masters: quorum mode needs at least 3 independent masters", n)
+		return nil, invalidf("%s: %d masters: quorum mode needs at least 3 independent masters", who, n)
 	case cfg.ack.n != 0:
-		return invalidf("NewQuorum: WithReplicaAck does not apply to quorum mode (a majority of masters stands in for replicas)")
+		return nil, invalidf("%s: WithReplicaAck does not apply to quorum mode (a majority of masters stands in for replicas)", who)
 	case cfg.quorum.err != nil:
-		return cfg.quorum.err
+		return nil, cfg.quorum.err
 	}
-	return validPrefix(cfg.prefix)
+	if err := validPrefix(cfg.prefix); err != nil {
+		return nil, err
+	}
+	addrs := make([]string, n)
+	seen := map[string]int{}
+	for i := range addrs {
+		addr, not := master(i)
+		if not != "" {
+			return nil, invalidf("%s: master %d is %s", who, i, not)
+		}
+		if j, dup := seen[addr]; dup {
+			return nil, invalidf("%s: masters %d and %d are both %s: the masters must be independent", who, j, i, addr)
+		}
+		seen[addr], addrs[i] = i, addr
+	}
+	drvs := make([]driver.Conn, n)
+	for i := range drvs {
+		drvs[i] = conn(i)
+	}
+	return newQuorum(cfg, drvs, addrs), nil
 }
 
 // newQuorum returns a quorum Client over the masters drvs, named by addrs
-// (checked by NewQuorum). Each master gets a Client of its own, for its
+// (checked by quorumOver). Each master gets a Client of its own, for its
 // pub/sub and its scripts.
 func newQuorum(cfg clientConfig, drvs []driver.Conn, addrs []string) *Client {
 	q := &quorum{maj: len(drvs)/2 + 1, every: make([]int, len(drvs)), node: cfg.quorum.node, delay: cfg.quorum.delay, epoch: wire.EpochKey(cfg.prefix)}

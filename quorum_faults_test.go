@@ -52,7 +52,21 @@ func throughProxies(t *testing.T, servers []*redistest.Server, opts ...func(*red
 		// read timeout: a short one lets the test end soon after.
 		rdbs[i] = s.Client(t, append([]func(*redis.Options){func(o *redis.Options) { o.Addr, o.ReadTimeout = p.Addr(), time.Second }}, opts...)...)
 	}
+	// The tests hold, drop and refuse what comes through the proxies
+	// after their clients connected.
+	oneConnOnRueidis(t, rdbs...)
 	return proxies, rdbs
+}
+
+// cutOff makes each proxy refuse new connections and resets those open:
+// its master is down for the clients through it. A go-redis client
+// dials on first use, but a rueidis client has a connection open from
+// the moment it was made.
+func cutOff(proxies ...*faultproxy.Proxy) {
+	for _, p := range proxies {
+		p.Refuse(true)
+		p.ResetAll()
+	}
 }
 
 // ownersOf returns the owner token of lock name on each server, read
@@ -439,9 +453,7 @@ func TestFault7QuorumRestartWithoutPersistence(t *testing.T) {
 				opts = append(opts, dlock.WithRestartDelay(tc.delay))
 			}
 			a, b := newQuorum(t, viaProxies, opts...), newQuorum(t, direct, opts...)
-			for _, p := range proxies[3:] {
-				p.Refuse(true)
-			}
+			cutOff(proxies[3:]...)
 			la, err := a.Mutex(name, dlock.TTL(ttl)).Lock(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -563,9 +575,7 @@ func TestFault2QuorumExtendUnlockAfterExpiry(t *testing.T) {
 	waitFor(t, ctx, "the lease to expire on every master", func() bool {
 		return heldOn(t, servers, name, old.Token()) == nil
 	})
-	for _, p := range proxies[3:] {
-		p.Refuse(true)
-	}
+	cutOff(proxies[3:]...)
 	cur, err := b.Mutex(name, dlock.TTL(2*time.Second)).TryLock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -630,7 +640,9 @@ type gatedDialer struct {
 
 // client returns a client of s that dials with g.
 func (g *gatedDialer) client(t *testing.T, s *redistest.Server) *redis.Client {
-	return s.Client(t, func(o *redis.Options) { o.Addr, o.Dialer = g.to(), g.dial })
+	rdb := s.Client(t, func(o *redis.Options) { o.Addr, o.Dialer = g.to(), g.dial })
+	oneConnOnRueidis(t, rdb) // each new connection is one the test lets through
+	return rdb
 }
 
 func (g *gatedDialer) dial(ctx context.Context, network, _ string) (net.Conn, error) {
@@ -705,10 +717,7 @@ func TestFault4QuorumLateReplyOfEarlierAttempt(t *testing.T) {
 	for _, p := range first[:2] {
 		p.Hold(faultproxy.Downstream)
 	}
-	for _, p := range first[3:] {
-		p.Refuse(true)
-		p.ResetAll()
-	}
+	cutOff(first[3:]...)
 	switched.Store(true) // the first attempt goes on the connections open now
 	l, err = m.Lock(ctx)
 	if err != nil {
@@ -743,18 +752,27 @@ func TestFault4QuorumLateReplyOfEarlierAttempt(t *testing.T) {
 // and frees it, rather than reaching master 0 first and leaving the grant
 // that follows for its TTL (30 s here). The gate lets no other connection
 // to master 0 through: a release that did not wait would be stuck on one.
+// It shuts once the Client is made (a rueidis client connects then), and
+// the connection open then is reset.
 func TestFault4QuorumAcquireAfterUnlock(t *testing.T) {
 	servers, _ := quorumMasters(t, 5)
 	proxies, rdbs := throughProxies(t, servers)
-	gate := &gatedDialer{to: proxies[0].Addr, shut: true}
+	gate := &gatedDialer{to: proxies[0].Addr}
 	rdbs[0] = gate.client(t, servers[0])
 	ctx := ctxT(t, 30*time.Second)
 	const name = "q4-after"
 	c := newQuorum(t, rdbs, dlock.WithNodeTimeout(5*time.Second))
+	gate.mu.Lock()
+	gate.shut = true
+	gate.mu.Unlock()
+	proxies[0].ResetAll()
 	l, err := c.Mutex(name, dlock.TTL(30*time.Second)).TryLock(ctx)
 	if err != nil {
 		t.Fatalf("TryLock with master 0 slow to connect: %v", err)
 	}
+	// Over rueidis the acquire meets the reset connection first, and is
+	// sent again (by dlock) on a new one.
+	waitFor(t, ctx, "a connection to master 0 at the gate", func() bool { return gate.waiters() > 0 })
 	if gate.waiters() != 1 {
 		t.Fatalf("%d connections to master 0 waited, want the acquire's", gate.waiters())
 	}
@@ -935,10 +953,8 @@ func TestFault1QuorumFenceLimitAcrossExpiryWithClockOffset(t *testing.T) {
 	now, _ := strconv.ParseUint(servers[0].Do(t, "time").([]any)[0].(string), 10, 64)
 	// The last grant on master 0 came from its clock, 10 s ahead.
 	servers[0].Do(t, "hset", wire.HashKey(wire.DefaultPrefix, name), "f", (now+10)*1_000_000)
-	for _, p := range pa[3:] { // A's grant is on 0, 1 and 2
-		p.Refuse(true)
-	}
-	pb[0].Refuse(true) // B's on 1 to 4
+	cutOff(pa[3:]...) // A's grant is on 0, 1 and 2
+	cutOff(pb[0])     // B's on 1 to 4
 	paused, err := a.Mutex(name, dlock.TTL(500*time.Millisecond), dlock.NoRenew()).Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -973,9 +989,7 @@ func TestFault8QuorumRestartFromOlderSnapshot(t *testing.T) {
 	const name, ttl = "q8", 2 * time.Second
 	servers[2].Do(t, "save") // its snapshot: the epoch key, no lock
 	a, b := newQuorum(t, viaProxies), newQuorum(t, direct)
-	for _, p := range proxies[3:] {
-		p.Refuse(true)
-	}
+	cutOff(proxies[3:]...)
 	la, err := a.Mutex(name, dlock.TTL(ttl)).Lock(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,7 +12,9 @@ import (
 	"github.com/dlock-go/dlock/internal/faults"
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/dlock-go/dlock/internal/wire"
+	"github.com/dlock-go/dlock/rueidisdlock"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 )
 
 // quorumMasters starts n independent masters whose data the test knows to
@@ -33,14 +34,42 @@ func quorumMasters(t testing.TB, n int, opts ...redistest.Options) ([]*redistest
 // certifyOld lets s vote at once (it is new: see redistest.SetOldEpoch).
 func certifyOld(t testing.TB, s *redistest.Server) { t.Helper(); s.SetOldEpoch(t, "dlock:epoch") }
 
-func newQuorum(t *testing.T, rdbs []redis.UniversalClient, opts ...dlock.Option) *dlock.Client {
+// newQuorum returns a quorum Client over rdbs' masters, through the
+// driver DLOCK_DRIVER names (see newQuorumOrErr), closed when the test
+// ends.
+func newQuorum(t testing.TB, rdbs []redis.UniversalClient, opts ...dlock.Option) *dlock.Client {
 	t.Helper()
-	c, err := dlock.NewQuorum(rdbs, opts...)
+	c, err := newQuorumOrErr(t, rdbs, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// newQuorumOrErr is dlock.NewQuorum(rdbs, opts...) by default; with
+// DLOCK_DRIVER=rueidis, rueidisdlock.NewQuorum over a rueidis client made
+// from each of rdbs as newDlock makes one (nil for nil), with the Injector
+// that injectFaults gave it. A master not reached yet is no error, as
+// under go-redis: its client is made anyway and dials again at each call
+// (see newRueidis); any other failure to make a client fails the test.
+func newQuorumOrErr(t testing.TB, rdbs []redis.UniversalClient, opts ...dlock.Option) (*dlock.Client, error) {
+	t.Helper()
+	if !onRueidis() {
+		return dlock.NewQuorum(rdbs, opts...)
+	}
+	clients := make([]rueidis.Client, len(rdbs))
+	for i, rdb := range rdbs {
+		if rdb == nil {
+			continue
+		}
+		rc, err := newRueidis(t, rdb)
+		if rc == nil {
+			t.Fatalf("%s=rueidis: a rueidis client for master %d: %v", driverEnv, i, err)
+		}
+		clients[i] = rc
+	}
+	return rueidisdlock.NewQuorum(clients, opts...)
 }
 
 func TestQuorumMutexBasics(t *testing.T) {
@@ -111,8 +140,14 @@ func TestQuorumMutexBasics(t *testing.T) {
 func TestQuorumBadSettings(t *testing.T) {
 	ctx := ctxT(t, 10*time.Second)
 	_, rdbs := quorumMasters(t, 3)
-	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	// A go-redis ClusterClient is refused for its type, a rueidis client
+	// for its mode, which rueidis learns from a cluster it reached.
+	var cluster redis.UniversalClient = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
 	defer cluster.Close()
+	isCluster := "a *redis.ClusterClient"
+	if onRueidis() {
+		cluster, isCluster = redistest.ClusterClient(t, redistest.Cluster(t, 1)), "a Cluster client"
+	}
 	for _, c := range []struct {
 		name string
 		rdbs []redis.UniversalClient
@@ -120,15 +155,21 @@ func TestQuorumBadSettings(t *testing.T) {
 		want string
 	}{
 		{"two masters", rdbs[:2], nil, "at least 3"},
-		{"same master twice", []redis.UniversalClient{rdbs[0], rdbs[1], rdbs[0]}, nil, "both"},
-		{"a cluster", []redis.UniversalClient{rdbs[0], rdbs[1], cluster}, nil, "*redis.ClusterClient"},
+		{"same master twice", []redis.UniversalClient{rdbs[0], rdbs[1], rdbs[0]}, nil, "masters 0 and 2 are both " + rdbs[0].(*redis.Client).Options().Addr},
+		{"a cluster", []redis.UniversalClient{rdbs[0], rdbs[1], cluster}, nil, "master 2 is " + isCluster},
+		{"no client", []redis.UniversalClient{rdbs[0], nil, rdbs[2]}, nil, "master 1 is"},
 		{"replica ack", rdbs, []dlock.Option{dlock.WithReplicaAck(1, time.Second)}, "WithReplicaAck"},
 		{"node timeout", rdbs, []dlock.Option{dlock.WithNodeTimeout(0)}, "WithNodeTimeout"},
 		{"restart delay", rdbs, []dlock.Option{dlock.WithRestartDelay(-time.Second)}, "WithRestartDelay"},
+		{"prefix", rdbs, []dlock.Option{dlock.WithPrefix("a{}:")}, "prefix"},
 	} {
-		_, err := dlock.NewQuorum(c.rdbs, c.opts...)
+		q, err := newQuorumOrErr(t, c.rdbs, c.opts...)
 		if !errors.Is(err, dlock.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want ErrInvalidArgument naming %q", c.name, err, c.want)
+		}
+		if q != nil {
+			t.Errorf("%s: a Client with the error", c.name)
+			_ = q.Close()
 		}
 	}
 	// Quorum options on a one-server Client are refused by its locks.
@@ -385,7 +426,7 @@ func TestQuorumLateAnswerOfAnEarlierAttempt(t *testing.T) {
 			first = in
 		}
 		rdb := s.Client(t)
-		rdb.AddHook(in)
+		injectFaults(t, rdb, in)
 		faulty = append(faulty, rdb)
 	}
 	a, b := newQuorum(t, faulty), newQuorum(t, rdbs)
@@ -457,7 +498,7 @@ func TestQuorumMajorityTooLate(t *testing.T) {
 		for i, s := range servers {
 			loadScripts(t, rdbs[i].(*redis.Client))
 			rdb := s.Client(t)
-			rdb.AddHook(faults.New(faults.Config{Scripts: faults.EngineScripts(), Rules: []faults.Rule{rule}}))
+			injectFaults(t, rdb, faults.New(faults.Config{Scripts: faults.EngineScripts(), Rules: []faults.Rule{rule}}))
 			fr = append(fr, rdb)
 		}
 		return newQuorum(t, fr, dlock.WithNodeTimeout(time.Second))
@@ -545,31 +586,24 @@ func TestQuorumEpochNotBeforeRestart(t *testing.T) {
 	}
 }
 
-// raiseCounter counts the fence raises (quorum_fence.lua) sent through
-// the clients it hooks.
-type raiseCounter struct{ n atomic.Int64 }
-
-func (r *raiseCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *raiseCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.see(cmd)
-		return next(ctx, cmd)
+// countRaises counts the fence raises (quorum_fence.lua) that the
+// quorum Clients made over rdbs afterwards send, whichever the driver:
+// an Injector whose one fault, a zero delay on every raise, is counted in
+// its Stats (a batch of raises once). It returns the count so far.
+func countRaises(t testing.TB, rdbs []redis.UniversalClient) func() int {
+	t.Helper()
+	in := faults.New(faults.Config{Scripts: faults.EngineScripts(), Rules: []faults.Rule{{Script: wire.QuorumFence.Name, Kind: faults.DelayReply, P: 1}}})
+	for _, r := range rdbs {
+		injectFaults(t, r, in)
 	}
-}
-
-func (r *raiseCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			r.see(cmd)
+	return func() int {
+		n := 0
+		for k, v := range in.Stats() {
+			if strings.HasPrefix(k, wire.QuorumFence.Name+" ") {
+				n += v
+			}
 		}
-		return next(ctx, cmds)
-	}
-}
-
-func (r *raiseCounter) see(cmd redis.Cmder) {
-	if a := cmd.Args(); len(a) > 1 && (a[1] == wire.QuorumFence.SHA || a[1] == wire.QuorumFence.Src) {
-		r.n.Add(1)
+		return n
 	}
 }
 
@@ -579,21 +613,18 @@ func (r *raiseCounter) see(cmd redis.Cmder) {
 func TestQuorumProposedFenceSavesRaise(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	_, rdbs := quorumMasters(t, 5)
-	var raises raiseCounter
-	for _, r := range rdbs {
-		r.AddHook(&raises)
-	}
+	raises := countRaises(t, rdbs)
 	cs := []*dlock.Client{patientQuorum(t, rdbs), patientQuorum(t, rdbs)}
 	const grants = 40
 	var last uint64
 	raised := 0 // grants that needed a raise
 	for i := range grants {
-		before := raises.n.Load()
+		before := raises()
 		l, err := cs[i%2].Mutex("proposed").Lock(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if raises.n.Load() > before {
+		if raises() > before {
 			raised++
 		}
 		if l.Fence() <= last {

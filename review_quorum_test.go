@@ -9,6 +9,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,7 +40,7 @@ func seededMaster(t *testing.T, s *redistest.Server, seed uint64, rules ...fault
 	}
 	in := faults.New(faults.Config{Seed: seed, Scripts: faults.EngineScripts(), Rules: rules, MaxDelay: 5 * time.Second})
 	rdb := s.Client(t)
-	rdb.AddHook(in)
+	injectFaults(t, rdb, in)
 	return rdb, in
 }
 
@@ -242,6 +243,7 @@ func TestReviewQuorumFailoverToLaggingReplica(t *testing.T) {
 // so NewQuorum refused any two of them as "both FailoverClient: the
 // masters must be independent".
 func TestReviewQuorumFailoverClients(t *testing.T) {
+	skipOnRueidis(t, "the defect is go-redis's address for every failover client; a rueidis Sentinel client is told apart by its primary's address, and is not made without a reachable sentinel")
 	rdbs := make([]redis.UniversalClient, 3)
 	for i := range rdbs {
 		rdbs[i] = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m" + strconv.Itoa(i), SentinelAddrs: []string{"127.0.0.1:1"}})
@@ -260,7 +262,9 @@ func TestReviewQuorumFailoverClients(t *testing.T) {
 // unanswering returns a client of s through a proxy that drops every
 // command: a master that never answers (until the test ends). Its calls
 // end with their ctx (ContextTimeoutEnabled), so that no helper goroutine
-// waits for go-redis's read timeout when the Client closes.
+// waits for go-redis's read timeout when the Client closes. Over rueidis,
+// whose NewClient waits for a handshake that never comes, the dial
+// timeout bounds that wait (go-redis's bounds only the dial).
 func unanswering(t *testing.T, s *redistest.Server) redis.UniversalClient {
 	t.Helper()
 	p, err := faultproxy.Start(s.Addr())
@@ -269,7 +273,7 @@ func unanswering(t *testing.T, s *redistest.Server) redis.UniversalClient {
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	p.Drop(faultproxy.Upstream)
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, MaxRetries: -1, ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 500 * time.Millisecond})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }
@@ -286,23 +290,30 @@ func TestReviewQuorumWaiterAfterSplitVote(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	servers, rdbs := quorumMasters(t, 5)
 	const ttl = 30 * time.Second
-	contender := func(mine ...int) {
+	// Both contenders are made before either tries, so that their
+	// attempts overlap however long making them takes.
+	contender := func(mine ...int) func() {
 		view := make([]redis.UniversalClient, 5)
 		for i, s := range servers {
-			view[i] = unanswering(t, s)
+			if !slices.Contains(mine, i) {
+				view[i] = unanswering(t, s)
+			}
 		}
 		for _, i := range mine {
 			view[i] = rdbs[i]
 		}
 		c := newQuorum(t, view, dlock.WithNodeTimeout(time.Second))
-		go func() {
-			if _, err := c.Mutex("split-vote", dlock.TTL(ttl)).TryLock(ctx); err == nil {
-				t.Error("a contender with two of five masters got the lock")
-			}
-		}()
+		return func() {
+			go func() {
+				if _, err := c.Mutex("split-vote", dlock.TTL(ttl)).TryLock(ctx); err == nil {
+					t.Error("a contender with two of five masters got the lock")
+				}
+			}()
+		}
 	}
-	contender(0, 1)
-	contender(2, 3)
+	first, second := contender(0, 1), contender(2, 3)
+	first()
+	second()
 	waitFor(t, ctx, "the contenders to hold A, B, C and D", func() bool {
 		for _, s := range servers[:4] {
 			if s.Do(t, "hget", "dlock:{split-vote}", "o") == nil {
@@ -475,7 +486,7 @@ func TestReviewQuorumCloseWithMasterDown(t *testing.T) {
 		// read timeouts on the frozen master (see aside).
 		rdbs[i] = s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	}
-	q, err := dlock.NewQuorum(rdbs, dlock.WithNodeTimeout(100*time.Millisecond))
+	q, err := newQuorumOrErr(t, rdbs, dlock.WithNodeTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -509,6 +520,9 @@ func TestReviewQuorumCloseWithMasterDown(t *testing.T) {
 // the duration (default 3s), DLOCK_SEED replays a seed. (On eae0504, a
 // 25 s run found three double grants: a Lock's retries shared one token.)
 func TestReviewQuorumInterleavings(t *testing.T) {
+	if rueidisShare(1) == 0 {
+		t.Skipf("%s=rueidis: drawn out of this run, as half the chaos runs are (DLOCK_CHAOS_ROUNDS=1 runs it)", driverEnv)
+	}
 	dur := 3 * time.Second
 	if v := os.Getenv("DLOCK_CHAOS"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -523,7 +537,7 @@ func TestReviewQuorumInterleavings(t *testing.T) {
 	}
 	defer func() {
 		if t.Failed() {
-			t.Logf("replay: DLOCK_SEED=%d DLOCK_CHAOS=%v go test -race -count=1 -run '^TestReviewQuorumInterleavings$' .", seed, dur)
+			t.Logf("replay: %sDLOCK_SEED=%d DLOCK_CHAOS=%v go test -race -count=1 -run '^TestReviewQuorumInterleavings$' .", driverPrefix(), seed, dur)
 		}
 	}()
 	ctx := ctxT(t, dur+30*time.Second)

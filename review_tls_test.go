@@ -54,7 +54,7 @@ func TestQuorumMinorityRefusalNotPermanent(t *testing.T) {
 	for _, m := range masters {
 		rdbs = append(rdbs, m.Client(t, asUser("dlock", aclPassword)))
 	}
-	q, err := dlock.NewQuorum(rdbs, dlock.WithRestartDelay(0), dlock.WithNodeTimeout(100*time.Millisecond))
+	q, err := newQuorumOrErr(t, rdbs, dlock.WithRestartDelay(0), dlock.WithNodeTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

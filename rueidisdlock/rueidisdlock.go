@@ -50,7 +50,9 @@
 //     it counts. Its timeout is not checked against the client's read
 //     timeout (rueidis does not say what it is): keep it well below
 //     ConnWriteTimeout.
-//   - Quorum mode (dlock.NewQuorum) takes go-redis clients only.
+//   - Quorum mode: NewQuorum takes rueidis clients as dlock.NewQuorum
+//     takes go-redis ones, with the same contract; each client is one
+//     master's (single-server or Sentinel mode, not a Cluster).
 package rueidisdlock
 
 import (
@@ -73,4 +75,37 @@ func New(client rueidis.Client, opts ...dlock.Option) (*dlock.Client, error) {
 	// it makes a Client over a driver without dlock exporting a
 	// constructor that names internal types.
 	return driver.Attach(newConn(client), opts).(*dlock.Client), nil
+}
+
+// NewQuorum is dlock.NewQuorum over rueidis clients: a Client that takes
+// every lock on a majority of clients, independent Redis masters (the
+// Redlock algorithm), with the same contract, options and assumptions
+// (see dlock.NewQuorum). There must be at least 3, each a rueidis client
+// of one master: a single server, or a Sentinel-managed primary
+// (rueidis.ClientOption.Sentinel), not a Cluster; no two may send to the
+// same server (for a Sentinel client, its primary when NewQuorum is
+// called). The Client does not own clients: Close leaves them open. Every
+// error satisfies errors.Is(err, dlock.ErrInvalidArgument).
+//
+// A master that is down when its client is made: rueidis.NewClient fails
+// for it unless ClientOption.ForceSingleClient is set, in which case it
+// returns the client with the error, and the client dials again at each
+// call. Keep such a client: the master counts as down until it answers,
+// as a go-redis client's would.
+func NewQuorum(clients []rueidis.Client, opts ...dlock.Option) (*dlock.Client, error) {
+	master := func(i int) (addr, not string) {
+		switch c := clients[i]; {
+		case c == nil:
+			return "", "nil: each must be a rueidis client of one master (a single server or a Sentinel-managed primary)"
+		case c.Mode() == rueidis.ClientModeCluster:
+			return "", "a Cluster client: each must be a rueidis client of one master (a single server or a Sentinel-managed primary)"
+		default:
+			return nodesKey(c.Nodes()), ""
+		}
+	}
+	c, err := driver.AttachQuorum("rueidisdlock.NewQuorum", opts, len(clients), master, func(i int) driver.Conn { return newConn(clients[i]) })
+	if err != nil {
+		return nil, err
+	}
+	return c.(*dlock.Client), nil
 }

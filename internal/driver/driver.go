@@ -179,3 +179,12 @@ type ReplyError interface {
 // public API names no internal type; such a package imports dlock, which
 // makes the init run before any call.
 var Attach func(c Conn, opts any) any
+
+// AttachQuorum makes a quorum *dlock.Client (dlock.NewQuorum's) over n
+// masters, with opts a []dlock.Option, as Attach does one Client; who
+// names the caller in its errors. master(i) returns master i's address
+// (two masters at one address are one master) or, if it cannot be a
+// master, what it is and why not ("a Cluster client: each must be ...");
+// conn(i) makes master i's Conn, called only once every master passed.
+// The error, if any, satisfies errors.Is(err, dlock.ErrInvalidArgument).
+var AttachQuorum func(who string, opts any, n int, master func(i int) (addr, not string), conn func(i int) Conn) (any, error)

@@ -29,10 +29,12 @@ func (in *Injector) NewRueidis(o rueidis.ClientOption) (rueidis.Client, error) {
 		return in.wrapConn(dial(ctx, addr, d, cfg))
 	}
 	c, err := rueidis.NewClient(o)
-	if err != nil {
+	if c == nil {
 		return nil, err
 	}
-	return wrapRueidis(c, in), nil
+	// rueidis returns a client with its error where it made one anyway (a
+	// single server not reached yet, under ForceSingleClient).
+	return wrapRueidis(c, in), err
 }
 
 // dialRueidis dials as rueidis does when ClientOption.DialCtxFn is nil.
