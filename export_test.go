@@ -95,3 +95,17 @@ func ForcePipelined(c *Client) { c.inflight.Add(pipelineAbove) }
 
 // ClientID is the id that names c's hand-over channels (PREFIX{NAME}:c:ID).
 func ClientID(c *Client) string { return c.id }
+
+// PartOf returns the lease of the part called name of a MultiLock's lease
+// l (nil if l holds no such part), to ask what that part's holding believes.
+func PartOf(l *Lease, name string) *Lease {
+	if l.m == nil {
+		return nil
+	}
+	for _, p := range l.m.parts {
+		if p.Name() == name {
+			return p
+		}
+	}
+	return nil
+}

@@ -25,6 +25,9 @@
 //   - DelayWrite: let the client take a connection and write the command,
 //     and hold the write back on its way: the command is committed, so
 //     the caller's ctx ending no longer stops it, and Redis runs it late.
+//   - RunLate: the caller gets an i/o timeout at once, and Redis runs the
+//     command after the delay, answered to nobody (a request slow on the
+//     network past the client's read timeout).
 //
 // A fault on a pipeline applies to the whole batch. A Rule fires at random
 // with probability P (drawn from the Injector's seeded math/rand/v2 source,
@@ -84,9 +87,17 @@ const (
 	// ConnWriteTimeout, or the deadline of the caller's ctx when rueidis
 	// writes a lone command itself).
 	DelayWrite
+	// RunLate fails the caller at once with ErrReplyLost, as a read
+	// timeout would, and sends a copy of the command (or of its whole
+	// pipeline) after the delay, with no caller: Redis runs it late, as
+	// it runs a request that was slow on the network past the client's
+	// read timeout. Unlike DelayWrite it needs no ended ctx, so a call
+	// that a live caller sends again (with the same arguments) meets the
+	// late run of the first.
+	RunLate
 )
 
-var kindNames = [...]string{"none", "delay-send", "delay-reply", "lose-reply", "fail-send", "cut", "delay-write"}
+var kindNames = [...]string{"none", "delay-send", "delay-reply", "lose-reply", "fail-send", "cut", "delay-write", "run-late"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
@@ -139,7 +150,7 @@ type Rule struct {
 	// the fault, whatever P.
 	Calls []int
 	// Min and Max bound the delay, drawn uniformly (for DelaySend,
-	// DelayReply and DelayWrite: the delay; for LoseReply and FailSend: how
+	// DelayReply, DelayWrite and RunLate: the delay; for LoseReply and FailSend: how
 	// long until the error). Capped by the Injector's MaxDelay.
 	Min, Max time.Duration
 	// Limit caps the faults this rule injects (0: no cap).
@@ -195,7 +206,12 @@ type Injector struct {
 
 	armedN atomic.Int32 // write signatures armed: writes look only when > 0
 	armed  map[uint64]*armedWrite
+
+	late sync.WaitGroup // RunLate copies not yet answered
 }
+
+// WaitLate waits until every RunLate copy sent so far has been answered.
+func (in *Injector) WaitLate() { in.late.Wait() }
 
 // New returns an enabled Injector.
 func New(cfg Config) *Injector {

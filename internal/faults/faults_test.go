@@ -219,6 +219,20 @@ func testKinds(t *testing.T, drv string) {
 			t.Fatal("the command whose reply was lost did not run")
 		}
 	})
+	t.Run("run-late", func(t *testing.T) {
+		in, c, plain, sha := setup(t, drv, rule(faults.RunLate))
+		r := <-call(c, sha, "k")
+		if !errors.Is(r.err, os.ErrDeadlineExceeded) || r.at >= d/2 {
+			t.Fatalf("run late: %v %v after %v, want an i/o timeout at once", r.v, r.err, r.at)
+		}
+		if isSet(t, plain, "k") {
+			t.Fatal("the command ran before its delay")
+		}
+		in.WaitLate()
+		if !isSet(t, plain, "k") {
+			t.Fatal("the command did not run after its delay")
+		}
+	})
 	t.Run("fail-send", func(t *testing.T) {
 		_, c, plain, sha := setup(t, drv, rule(faults.FailSend))
 		if r := <-call(c, sha, "k"); r.err == nil || !errors.Is(r.err, faults.ErrNotSent) {

@@ -63,7 +63,8 @@ func (in *Injector) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		cmds := []redis.Cmder{cmd}
-		return in.inject([]Call{c}, 1, goLine{cmd}, func() error { return next(ctx, cmd) }, setErr(cmds))
+		return in.inject([]Call{c}, 1, goLine{cmd}, func() error { return next(ctx, cmd) }, setErr(cmds),
+			func() { _ = next(context.Background(), redis.NewCmd(context.Background(), cmd.Args()...)) })
 	}
 }
 
@@ -84,7 +85,13 @@ func (in *Injector) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		if len(calls) == 0 {
 			return next(ctx, cmds)
 		}
-		return in.inject(calls, len(cmds), goLine{first}, func() error { return next(ctx, cmds) }, setErr(cmds))
+		return in.inject(calls, len(cmds), goLine{first}, func() error { return next(ctx, cmds) }, setErr(cmds), func() {
+			again := make([]redis.Cmder, len(cmds))
+			for i, cmd := range cmds {
+				again[i] = redis.NewCmd(context.Background(), cmd.Args()...)
+			}
+			_ = next(context.Background(), again)
+		})
 	}
 }
 
@@ -97,11 +104,12 @@ func (l goLine) Arg(i int) string { return str(l.cmd.Args()[i]) }
 // inject runs one command, or a batch of n, that holds the script calls
 // calls, with the fault the rules decide, for both drivers: send sends it
 // (the rest of the client's path: writing the commands and reading their
-// replies), fail makes err every command's result, and sig is the first
+// replies), fail makes err every command's result, sig is the first
 // script call's command line, which Cut and DelayWrite look for in the
-// connection's writes. Delays do not end early with the caller's ctx: a
+// connection's writes, and again sends a copy of the command (or batch)
+// for nobody (RunLate). Delays do not end early with the caller's ctx: a
 // command on the wire does not know its caller gave up.
-func (in *Injector) inject(calls []Call, n int, sig line, send func() error, fail func(error)) error {
+func (in *Injector) inject(calls []Call, n int, sig line, send func() error, fail func(error), again func()) error {
 	id := in.enter(calls)
 	defer in.leave(id, len(calls))
 	kind, d := in.decide(calls, n)
@@ -122,6 +130,14 @@ func (in *Injector) inject(calls []Call, n int, sig line, send func() error, fai
 		time.Sleep(d)
 		fail(ErrNotSent)
 		return ErrNotSent
+	case RunLate:
+		in.late.Add(1)
+		time.AfterFunc(d, func() {
+			defer in.late.Done()
+			again()
+		})
+		fail(ErrReplyLost)
+		return ErrReplyLost
 	case Cut, DelayWrite:
 		id := in.arm(resp(sig), kind == Cut, d)
 		err := send()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -61,7 +63,8 @@ func (in *Injector) do(ctx context.Context, c rueidis.CommandClient, cmd rueidis
 	var r rueidis.RedisResult
 	_ = in.inject([]Call{call}, 1, l,
 		func() error { r = c.Do(ctx, cmd); return r.Error() },
-		func(err error) { r = rueidis.NewErrorResult(err) })
+		func(err error) { r = rueidis.NewErrorResult(err) },
+		func() { _ = c.Do(context.Background(), rebuild(c.B(), l)) })
 	return r
 }
 
@@ -69,8 +72,10 @@ func (in *Injector) do(ctx context.Context, c rueidis.CommandClient, cmd rueidis
 func (in *Injector) doMulti(ctx context.Context, c rueidis.CommandClient, cmds []rueidis.Completed) []rueidis.RedisResult {
 	var calls []Call
 	var first rueidisLine
-	for _, cmd := range cmds {
+	lines := make([]rueidisLine, len(cmds)) // read before DoMulti, which recycles cmds
+	for i, cmd := range cmds {
 		l := rueidisLine(cmd.Commands())
+		lines[i] = l
 		if call, ok := in.scripts.classify(l, Batch); ok {
 			calls = append(calls, call)
 			if first == nil {
@@ -89,8 +94,26 @@ func (in *Injector) doMulti(ctx context.Context, c rueidis.CommandClient, cmds [
 			for i := range rs {
 				rs[i] = rueidis.NewErrorResult(err)
 			}
+		},
+		func() {
+			again := make([]rueidis.Completed, len(lines))
+			for i, l := range lines {
+				again[i] = rebuild(c.B(), l)
+			}
+			_ = c.DoMulti(context.Background(), again...)
 		})
 	return rs
+}
+
+// rebuild makes a command of line l again (a script call with its keys,
+// so that a Cluster client sends it to their slot).
+func rebuild(b rueidis.Builder, l rueidisLine) rueidis.Completed {
+	if len(l) >= 3 && (strings.EqualFold(l[0], "EVALSHA") || strings.EqualFold(l[0], "EVAL")) {
+		if n, err := strconv.Atoi(l[2]); err == nil && n >= 0 && 3+n <= len(l) {
+			return b.Arbitrary(l[:3]...).Keys(l[3 : 3+n]...).Args(l[3+n:]...).Build()
+		}
+	}
+	return b.Arbitrary(l...).Build()
 }
 
 // rueidisCore is what both wrappers share: the script calls' way, and
