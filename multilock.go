@@ -445,14 +445,16 @@ func (m *multiHolding) context() context.Context {
 	return m.ctx
 }
 
-// check ends the context at once if a part's deadline has passed, so that
-// a holder resuming from a pause sees it ended before any timer fired.
+// check ends the context at once if a part has ended or its deadline has
+// passed, so that a holder resuming from a pause sees it ended before any
+// timer fired, and one that asks first after a part ended sees it ended
+// before the part's AfterFunc ran.
 func (m *multiHolding) check() {
 	now := time.Now()
 	for _, p := range m.parts {
-		if p.h.expired(now) {
-			_, cause := p.h.snapshot()
-			m.cancel(nameErr(p.Name(), cause))
+		p.h.expired(now)
+		if pc := p.Context(); pc.Err() != nil {
+			m.cancel(nameErr(p.Name(), context.Cause(pc)))
 		}
 	}
 }
