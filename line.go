@@ -162,10 +162,14 @@ func drain(ch chan struct{}) {
 }
 
 // awaitSubscribed waits until both channels of lc are subscribed, for at
-// most subscribeWait in all (one bound for both: a slot that is briefly
+// most subscribeWait (stringSubscribeWait) in all (one bound for both: a slot that is briefly
 // unserved must not hold a waiter beyond it). It reports whether they are.
 func (lk *lock) awaitSubscribed(ctx context.Context, lc *local) (bool, error) {
-	bound := time.NewTimer(subscribeWait)
+	d := subscribeWait
+	if lk.isString() {
+		d = stringSubscribeWait
+	}
+	bound := time.NewTimer(d)
 	defer bound.Stop()
 	for _, ready := range lc.ready {
 		select {

@@ -28,6 +28,14 @@ import (
 // look in step.
 const stringPoll = 50 * time.Millisecond
 
+// stringSubscribeWait bounds how long a waiter for a string lock waits for
+// its subscriptions to be confirmed before it looks (subscribeWait for the
+// others): it has no place in line to keep, a release it misses meanwhile
+// costs it one look, and a channel that the ACL refuses (the key's, its
+// keyspace channel, or CLIENT INFO) would otherwise hold every wait for
+// subscribeWait, without a look, where it could poll.
+const stringSubscribeWait = stringPoll
+
 // notifyRecheck is how long an answer about notify-keyspace-events is
 // trusted before it is asked again (an operator may change it at run time).
 const notifyRecheck = 10 * time.Second
