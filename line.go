@@ -58,6 +58,9 @@ func (lk *lock) wait(ctx context.Context, h *holding, holder uint64) (*Lease, er
 	// hand-over (or release) between our look and the subscription would
 	// go unheard until our next refresh. If they cannot be confirmed soon
 	// we go on: the refreshes bound the wait.
+	if c.subscribeHook != nil {
+		c.subscribeHook()
+	}
 	c.subscribe(lc)
 	subscribed, err := lk.awaitSubscribed(ctx, lc)
 	if err != nil {

@@ -59,6 +59,12 @@ func (c *Client) keyspaceHub() *hub.Hub {
 	if c.sw.hub == nil {
 		plain := func(context.Context) (hub.Kind, error) { return hub.Plain, nil }
 		c.sw.hub = hub.New(keyspaceConn{Conn: c.drv, cluster: c.tr.Cluster}, keyspaceHandler{c}, c.cfg.logger, plain)
+		if c.closed.Load() {
+			// A waiter that Close overtook: Close has passed closeKeyspace
+			// (it sets closed first, and closeKeyspace takes c.mu), so
+			// nobody would close a hub made now. A closed one starts nothing.
+			c.sw.hub.Close()
+		}
 	}
 	return c.sw.hub
 }
