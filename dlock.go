@@ -184,6 +184,9 @@ type Client struct {
 	// goroutine after it read the TTL it will renew a holding to, before the
 	// renewal is sent: an interleaving no fault on the wire can reach.
 	renewalHook func(h *holding)
+	// subscribeHook, set by tests, runs in a waiter's Lock just before it
+	// subscribes its lock's channels: a Close can be made to fall there.
+	subscribeHook func()
 }
 
 // configure applies opts to the defaults.

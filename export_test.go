@@ -73,6 +73,10 @@ func Describe(l *Lease) string {
 		h.st, h.deadline.Sub(now).Round(time.Millisecond), now.Sub(h.proofAt).Round(time.Millisecond), h.proofTTL, h.doubt, h.ttl, h.contended, h.acqDoubt)
 }
 
+// SetSubscribeHook makes c's waiters call f just before they subscribe
+// their lock's channels. Set it before c's first lock.
+func SetSubscribeHook(c *Client, f func()) { c.subscribeHook = f }
+
 // SetRenewalHook makes c's watchdog call f with the lease of each holding it
 // is about to renew, after it read the TTL it will renew to and before the
 // renewal is sent. Set it before c's first lock.

@@ -58,6 +58,9 @@ func (lk *lock) wait(ctx context.Context, h *holding, holder uint64) (*Lease, er
 	// hand-over (or release) between our look and the subscription would
 	// go unheard until our next refresh. If they cannot be confirmed soon
 	// we go on: the refreshes bound the wait.
+	if c.subscribeHook != nil {
+		c.subscribeHook()
+	}
 	c.subscribe(lc)
 	subscribed, err := lk.awaitSubscribed(ctx, lc)
 	if err != nil {
@@ -162,10 +165,14 @@ func drain(ch chan struct{}) {
 }
 
 // awaitSubscribed waits until both channels of lc are subscribed, for at
-// most subscribeWait in all (one bound for both: a slot that is briefly
+// most subscribeWait (stringSubscribeWait) in all (one bound for both: a slot that is briefly
 // unserved must not hold a waiter beyond it). It reports whether they are.
 func (lk *lock) awaitSubscribed(ctx context.Context, lc *local) (bool, error) {
-	bound := time.NewTimer(subscribeWait)
+	d := subscribeWait
+	if lk.isString() {
+		d = stringSubscribeWait
+	}
+	bound := time.NewTimer(d)
 	defer bound.Stop()
 	for _, ready := range lc.ready {
 		select {

@@ -189,7 +189,7 @@ func TestStringMutexLostToOtherLibrary(t *testing.T) {
 // keyspace notifications on and (polling) off; no more than a few of its
 // looks per release either way.
 func TestStringMutexWaitsForOtherLibrary(t *testing.T) {
-	for _, notify := range []string{"", "Kg"} {
+	for _, notify := range []string{"", "Kgx"} { // as README.md tells operators
 		t.Run("notify="+notify, func(t *testing.T) {
 			s := redistest.Start(t, redistest.Options{Args: []string{"--notify-keyspace-events", notify}})
 			c, rdb := newClient(t, s)
@@ -273,5 +273,58 @@ func TestStringMutexCluster(t *testing.T) {
 		t.Run(key, func(t *testing.T) {
 			contend(t, ctx, rdb, 4, 5, func(g int) *dlock.Mutex { return cs[g%2].StringMutex(key) })
 		})
+	}
+}
+
+// TestStringMutexClusterNotifyOnSomeNodes: on a Cluster where only some
+// masters send keyspace notifications (each node has its own setting, and
+// publishes only its own keys' events), a waiter for a key on a master
+// without them polls, though a waiter for a key on a master with them
+// made its Client learn "on" first.
+func TestStringMutexClusterNotifyOnSomeNodes(t *testing.T) {
+	nodes := redistest.Cluster(t, 3)
+	rdb := redistest.ClusterClient(t, nodes)
+	ctx := ctxT(t, 30*time.Second)
+	master := func(key string) *redistest.Server {
+		n, err := rdb.MasterForKey(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range nodes {
+			if s.Addr() == n.Options().Addr {
+				return s
+			}
+		}
+		t.Fatalf("no node at %s", n.Options().Addr)
+		return nil
+	}
+	on := master("a")
+	on.Do(t, "CONFIG", "SET", "notify-keyspace-events", "Kgx")
+	var off string
+	for _, k := range []string{"b", "c", "d", "e", "f", "g", "h"} {
+		if master(k) != on {
+			off = k
+			break
+		}
+	}
+	c := newDlock(t, rdb)
+	t.Cleanup(func() { _ = c.Close() })
+	for _, key := range []string{"a", off} {
+		release := foreignTake(t, ctx, rdb, key, time.Minute)
+		get := async(t, ctx, c.StringMutex(key).Lock)
+		time.Sleep(300 * time.Millisecond) // it looks, learns the node's setting, and waits
+		admin := master(key).Client(t)
+		before := evalshaCalls(t, ctx, admin)
+		time.Sleep(700 * time.Millisecond)
+		looks := evalshaCalls(t, ctx, admin) - before
+		if key == "a" && looks > 4 || key == off && looks < 6 {
+			t.Errorf("key %s (notifications %v on its master): %d looks in 700ms while held", key, key == "a", looks)
+		}
+		release()
+		l, err := get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = l.Unlock(ctx)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock-go/dlock/internal/driver"
 	"github.com/dlock-go/dlock/internal/hub"
+	"github.com/dlock-go/dlock/internal/wire"
 )
 
 // How a waiter for a string lock (StringMutex) learns of a release that
@@ -28,21 +29,53 @@ import (
 // look in step.
 const stringPoll = 50 * time.Millisecond
 
+// stringSubscribeWait bounds how long a waiter for a string lock waits for
+// its subscriptions to be confirmed before it looks (subscribeWait for the
+// others): it has no place in line to keep, a release it misses meanwhile
+// costs it one look, and a channel that the ACL refuses (the key's, its
+// keyspace channel, or CLIENT INFO) would otherwise hold every wait for
+// subscribeWait, without a look, where it could poll.
+const stringSubscribeWait = stringPoll
+
 // notifyRecheck is how long an answer about notify-keyspace-events is
 // trusted before it is asked again (an operator may change it at run time).
 const notifyRecheck = 10 * time.Second
 
 // strWait is a Client's state for waiting on string locks: the hub of its
 // keyspace subscriptions, made at the first wait, and what it last learned
-// of the server's notify-keyspace-events. On a Cluster that is asked of the
-// node of the key that made the question, and taken to hold for every node.
+// of the server's notify-keyspace-events. On a Cluster each master has its
+// own setting and publishes only its own keys' events, so the answer is
+// kept per hash slot (asked of the slot's master); off Cluster there is one.
 type strWait struct {
 	hub *hub.Hub // guarded by Client.mu
 
-	mu     sync.Mutex
-	on     bool      // the server publishes the notifications a waiter needs
+	mu    sync.Mutex
+	slots map[uint16]*notifyState // by slot on a Cluster, else slot 0
+}
+
+// notifyState is what a Client knows of one slot's notifications.
+type notifyState struct {
+	on     bool      // its master publishes the notifications a waiter needs
 	at     time.Time // when that was learned (zero: never)
 	asking bool      // a question is in flight
+}
+
+// notifyFor returns the state of key's slot. Called with w.mu held.
+func (c *Client) notifyFor(key string) *notifyState {
+	w := &c.sw
+	var slot uint16
+	if c.tr.Cluster {
+		slot = wire.Slot(key)
+	}
+	if w.slots == nil {
+		w.slots = map[uint16]*notifyState{}
+	}
+	s := w.slots[slot]
+	if s == nil {
+		s = &notifyState{}
+		w.slots[slot] = s
+	}
+	return s
 }
 
 // keyspaceHub returns the hub of c's keyspace subscriptions, making it on
@@ -51,6 +84,12 @@ func (c *Client) keyspaceHub() *hub.Hub {
 	if c.sw.hub == nil {
 		plain := func(context.Context) (hub.Kind, error) { return hub.Plain, nil }
 		c.sw.hub = hub.New(keyspaceConn{Conn: c.drv, cluster: c.tr.Cluster}, keyspaceHandler{c}, c.cfg.logger, plain)
+		if c.closed.Load() {
+			// A waiter that Close overtook: Close has passed closeKeyspace
+			// (it sets closed first, and closeKeyspace takes c.mu), so
+			// nobody would close a hub made now. A closed one starts nothing.
+			c.sw.hub.Close()
+		}
 	}
 	return c.sw.hub
 }
@@ -93,14 +132,15 @@ func (c *Client) secondUnwant(lk *lock) {
 func (c *Client) stringLeft(lk *lock, left time.Duration) time.Duration {
 	w := &c.sw
 	w.mu.Lock()
-	on, stale := w.on, time.Since(w.at) > notifyRecheck && !w.asking
+	s := c.notifyFor(lk.hash)
+	on, stale := s.on, time.Since(s.at) > notifyRecheck && !s.asking
 	if stale {
-		w.asking = true
+		s.asking = true
 	}
 	w.mu.Unlock()
-	if stale && !c.goBg(func() { c.askNotify(lk.hash) }) {
+	if stale && !c.goBg(func() { c.askNotify(lk.hash, s) }) {
 		w.mu.Lock()
-		w.asking = false
+		s.asking = false
 		w.mu.Unlock()
 	}
 	if on {
@@ -110,11 +150,11 @@ func (c *Client) stringLeft(lk *lock, left time.Duration) time.Duration {
 	return min(left, poll)
 }
 
-// askNotify asks the node of key for notify-keyspace-events and records
-// whether a waiter would hear a release there: K (keyspace events) and g
+// askNotify asks the node of key for notify-keyspace-events and records in
+// s (key's slot's) whether a waiter would hear a release there: K (keyspace events) and g
 // (generic commands: DEL) or A (all). An error counts as no: the waiters
 // poll.
-func (c *Client) askNotify(key string) {
+func (c *Client) askNotify(key string, s *notifyState) {
 	ctx, cancel := context.WithTimeout(c.bg, time.Second)
 	defer cancel()
 	v, err := c.aside(ctx, func(ctx context.Context) (any, error) {
@@ -130,7 +170,7 @@ func (c *Client) askNotify(key string) {
 	c.cfg.logger.Debug("dlock: keyspace notifications", "on", on, "flags", flags, "err", err)
 	w := &c.sw
 	w.mu.Lock()
-	w.on, w.at, w.asking = on, time.Now(), false
+	s.on, s.at, s.asking = on, time.Now(), false
 	w.mu.Unlock()
 }
 

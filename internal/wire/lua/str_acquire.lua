@@ -37,6 +37,10 @@ end
 -- Free. Fences never go backwards: one more than the last, and never below
 -- the server clock in microseconds (as acquire.lua: the counter may have
 -- expired after the idle period, or been lost).
+-- First a DEL of the key, which is absent (a no-op, not replicated): a user
+-- whose ACL lacks DEL could take the lock but never release it (the release
+-- is a compare-and-delete), so it is refused here, before anything is set.
+redis.call('DEL', key)
 local now = redis.call('TIME')
 local f = math.max(last + 1, now[1] * 1000000 + now[2])
 local fs = string.format('%.0f', f)
