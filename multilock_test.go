@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -323,4 +324,29 @@ func TestMultiLockKeepsTheLine(t *testing.T) {
 		t.Fatalf("TryLock past a lapsed place: %v", err)
 	}
 	_ = l.Unlock(ctx)
+}
+
+// TestMultiLockContextAfterPartEnded: a lease whose Context is asked for
+// only after a part has ended (renewal found its key gone) reports itself
+// ended at once, not once that part's end has reached it.
+func TestMultiLockContextAfterPartEnded(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	ctx := ctxT(t, 20*time.Second)
+	for i := range 20 {
+		names := []string{fmt.Sprintf("ended-a%d", i), fmt.Sprintf("ended-b%d", i)}
+		l, err := c.MultiLock(names, dlock.TTL(300*time.Millisecond)).Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.Del(ctx, "dlock:{"+names[1]+"}").Err(); err != nil {
+			t.Fatal(err)
+		}
+		part := dlock.PartOf(l, names[1])
+		waitFor(t, ctx, "the renewal to find the part gone", func() bool { return part.Context().Err() != nil })
+		if err := l.Context().Err(); err == nil {
+			t.Fatalf("round %d: the lease's Context is not done though its part %s ended", i, names[1])
+		}
+		_ = l.Unlock(ctx)
+	}
 }
