@@ -187,6 +187,10 @@ type Client struct {
 	// subscribeHook, set by tests, runs in a waiter's Lock just before it
 	// subscribes its lock's channels: a Close can be made to fall there.
 	subscribeHook func()
+	// passHook, set by tests before the first lock, runs in passOn with
+	// c.mu held, right after the pass from → to is made and before the
+	// waiter is woken.
+	passHook func(from, to *holding)
 }
 
 // configure applies opts to the defaults.

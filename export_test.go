@@ -84,6 +84,15 @@ func SetRenewalHook(c *Client, f func(*Lease)) {
 	c.renewalHook = func(h *holding) { f(&h.first) }
 }
 
+// SetPassHook makes c call f with the passer's and the new holder's leases
+// each time a holder of c passes a lock to a waiter of c, right after the
+// pass is made (the new lease is pending) and before the waiter is woken,
+// with c's own lock held: f must not call into c. Set it before c's first
+// lock.
+func SetPassHook(c *Client, f func(from, to *Lease)) {
+	c.passHook = func(from, to *holding) { f(&from.first, &to.first) }
+}
+
 // Deadline returns until when l's holder believes it valid (see validUntil).
 func Deadline(l *Lease) time.Time {
 	h := l.h

@@ -286,6 +286,9 @@ func (c *Client) passOn(h *holding, ahead bool) *pass {
 	}
 	p := &pass{from: h, to: w.h, fence: h.fence + 1, deadline: deadline, turnEnd: turnEnd, ahead: ahead, done: make(chan struct{})}
 	w.h.passedIn(p, now)
+	if c.passHook != nil {
+		c.passHook(h, w.h)
+	}
 	h.startPass(p)
 	// Start the record before waking the waiter: the goroutine made
 	// runnable last runs next on this P, and the waiter's Lock should
