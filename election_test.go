@@ -426,3 +426,25 @@ func TestElectionBadInput(t *testing.T) {
 		t.Errorf("Leader in quorum mode: %v", err)
 	}
 }
+
+// TestMutexLockUnderLeadershipRefused: a Mutex of the election's name,
+// locked under the leadership's context on the same Client, would wait for
+// the leadership (which it does not re-enter): it is refused at once.
+func TestMutexLockUnderLeadershipRefused(t *testing.T) {
+	s := redistest.Start(t)
+	c, _ := newClient(t, s)
+	ctx := ctxT(t, 10*time.Second)
+	l, err := c.Election("lead-self").Campaign(ctx, "me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Unlock(ctx) }()
+	wctx, cancel := context.WithTimeout(l.Context(), 2*time.Second)
+	defer cancel()
+	if _, err := c.Mutex("lead-self").Lock(wctx); !errors.Is(err, dlock.ErrInvalidArgument) {
+		t.Fatalf("Lock under the leadership: %v, want ErrInvalidArgument", err)
+	}
+	if _, err := c.Mutex("lead-self").TryLock(wctx); !errors.Is(err, dlock.ErrNotObtained) {
+		t.Fatalf("TryLock under the leadership: %v, want ErrNotObtained", err)
+	}
+}

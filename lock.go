@@ -143,6 +143,20 @@ func (c *Client) heldIn(ctx context.Context, key, kind string) *holding {
 	return nil
 }
 
+// leadsIn reports whether ctx descends from the lease context of a
+// leadership by c of the election keyed key: a Lock of that name would
+// wait for the leadership, which it does not re-enter (see heldIn).
+func (c *Client) leadsIn(ctx context.Context, key string) bool {
+	for v := ctx.Value(leaseKey{}); v != nil; {
+		h := v.(*holding)
+		if h.c == c && h.lk.hash == key && h.lk.election {
+			return true
+		}
+		v = h.parent.Value(leaseKey{})
+	}
+	return false
+}
+
 // try is TryLock after its checks: one attempt without a place in line.
 func (lk *lock) try(ctx context.Context, n int64) (*Lease, error) {
 	h := lk.newHolding(ctx, n)

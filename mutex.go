@@ -56,7 +56,7 @@ func (m *Mutex) TryLock(ctx context.Context) (l *Lease, err error) {
 // The lock is released when every one of those leases has unlocked. Under
 // a MultiLock lease that holds the name (same Client) Lock returns
 // ErrInvalidArgument: that lease is not re-entered, and Lock would wait for
-// it.
+// it. So does a Lock under the leadership of an Election of the same name.
 func (m *Mutex) Lock(ctx context.Context) (l *Lease, err error) {
 	lk := &m.lk
 	defer lk.c.obs.acquire(&ctx, lk, callLock).end(&l, &err)
@@ -66,6 +66,9 @@ func (m *Mutex) Lock(ctx context.Context) (l *Lease, err error) {
 	if lk.c.multiHeldIn(ctx, lk.name) {
 		// Its lease re-enters none of its names: this would wait for it.
 		return nil, nameErr(lk.name, invalidf("Lock under a MultiLock lease of this name would wait for itself: a MultiLock's names are not re-entered"))
+	}
+	if !lk.election && lk.c.leadsIn(ctx, lk.hash) {
+		return nil, nameErr(lk.name, invalidf("Lock under the leadership of the election of this name would wait for itself: a leadership is not re-entered"))
 	}
 	if q := lk.c.q; q != nil {
 		return q.lock(ctx, lk)
