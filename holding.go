@@ -87,9 +87,12 @@ type holding struct {
 	turnEnd uint64
 
 	// Set before the holding is shared.
-	contended bool            // obtained after waiting: its release is likely awaited
-	acqDoubt  bool            // an acquire of it had an unknown outcome
-	votes     []chan struct{} // quorum: per master, closed once the acquire vote is in; nil: in when it won (see rest)
+	contended bool // obtained after waiting: its release is likely awaited
+	acqDoubt  bool // an acquire of it had an unknown outcome
+	// Its token is a MultiLock take's, shared with the take's other parts:
+	// never replaced (see spent).
+	sharedToken bool
+	votes       []chan struct{} // quorum: per master, closed once the acquire vote is in; nil: in when it won (see rest)
 
 	tried time.Time // when the last renewal was sent
 	obsAt time.Time // when it became live, if observed (observe.go)

@@ -185,6 +185,13 @@ func (lk *lock) firstLook(ctx context.Context, h *holding) (l *Lease, err error,
 			return l, err, true, 0
 		case err == nil:
 			return nil, nil, false, r.fence // held: wait for it
+		case spent(err) && !h.sharedToken && ctx.Err() == nil:
+			// A give-back still on its way may release a grant to this
+			// token: go on with a fresh one (nothing has recorded
+			// the token yet: no place in line, no local waiter). The old
+			// one is given back again in the background.
+			lk.abandon(ctx, h.token, err)
+			h.token = lk.c.tokens.next()
 		case ctx.Err() != nil || permanent(err):
 			lk.abandon(ctx, h.token, err)
 			return nil, lk.fail(ctx, err), true, 0
@@ -226,6 +233,7 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 	}
 	r := look{sent: time.Now()}
 	h.contended = waited
+	token := h.token // firstLook may replace h's after this attempt (see spent)
 	late := func(v any, err error) {
 		// The caller gave up before the reply: if it was a grant (or may
 		// have been), give the lock back rather than leave it to its TTL.
@@ -233,7 +241,7 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 		// caller's own give-back may have run before it at Redis (it does
 		// not wait for a call still queued in a pipeliner).
 		if a, ok := v.([]any); err != nil || waited || (ok && len(a) >= 2 && a[0] == int64(1)) {
-			lk.abandon(context.Background(), h.token, ErrLockLost)
+			lk.abandon(context.Background(), token, ErrLockLost)
 		}
 	}
 	var v any
@@ -262,13 +270,13 @@ func (lk *lock) attempt(ctx context.Context, h *holding, waited bool) (look, err
 		if short != nil {
 			// Fail closed: a failover now could give the lock again.
 			_ = lk.proto.giveBack(ctx, lk, h.token)
-			return r, short
+			return r, spentToken{short}
 		}
 		if took := time.Since(r.sent); !time.Now().Before(validUntil(r.sent, lk.ttl)) {
 			// The grant's reply came when the lease it granted may already
 			// have expired (fault 3): not obtained, and given back.
 			_ = lk.proto.giveBack(ctx, lk, h.token)
-			return r, fmt.Errorf("%w: acquire: granted, but the reply came %v after the request, past the lease's validity (TTL %v): given back", ErrNotObtained, took.Round(time.Millisecond), lk.ttl)
+			return r, spentToken{fmt.Errorf("%w: acquire: granted, but the reply came %v after the request, past the lease's validity (TTL %v): given back", ErrNotObtained, took.Round(time.Millisecond), lk.ttl)}
 		}
 		r.ok, r.fence, r.already = true, uint64(n), third == 1
 		return r, nil
@@ -318,11 +326,31 @@ func (lk *lock) kindErr(err error) error {
 	return scriptErr(lk.hash, lk.kind, err)
 }
 
+// spentToken is the error of an attempt whose grant was given back: a copy
+// of that give-back may still be on its way to Redis even when one was
+// answered (a release resent after a lost reply: see script.run), and it
+// would release a later grant to the same token (a retry finds the lock
+// already the token's, or takes it afresh with the same token) under a live
+// lease. So the token must not be tried again.
+type spentToken struct{ err error }
+
+func (e spentToken) Error() string {
+	return e.err.Error() + " (its token is not tried again: a give-back of it may still be on its way)"
+}
+func (e spentToken) Unwrap() error { return e.err }
+
+// spent reports an error after which the attempt's token must not be
+// tried again (see spentToken).
+func spent(err error) bool {
+	var s spentToken
+	return errors.As(err, &s)
+}
+
 // permanent reports errors that retrying cannot cure, a refusal by the
 // server's ACL or authentication among them (a Lock would otherwise wait
 // for its ctx, forever with WaitForever-style contexts, saying nothing).
 func permanent(err error) bool {
-	return errors.Is(err, ErrForeignKey) || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrNotReplicated) || refused(err)
+	return errors.Is(err, ErrForeignKey) || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrNotReplicated) || refused(err) || spent(err)
 }
 
 // fail wraps err for the caller; a ctx error comes out so that it errors.Is ctx.Err().

@@ -226,7 +226,7 @@ func (t *take) lock(ctx context.Context) (l *Lease, err error, again bool) {
 func (t *take) waitFor(ctx context.Context, i int) (*Lease, error) {
 	lk := &t.m.parts[i].lk
 	h := lk.newHolding(t.parent, 0)
-	h.token = t.token
+	h.token, h.sharedToken = t.token, true
 	h.acqDoubt = t.doubt[i] // a group acquire of ours may yet run, setting its TTL again
 	return lk.lockHolding(ctx, h)
 }
@@ -334,12 +334,12 @@ func (t *take) attempt(ctx context.Context, idx []int) (took bool, blocked int, 
 	if short != nil {
 		// Fail closed: a failover now could give the locks again.
 		t.giveBackNow(ctx, idx)
-		return false, 0, short
+		return false, 0, spentToken{short}
 	}
 	if took := time.Since(sent); !time.Now().Before(validUntil(sent, first.ttl)) {
 		// The reply came when the leases it granted may have expired.
 		t.giveBackNow(ctx, idx)
-		return false, 0, fmt.Errorf("%w: acquire: granted, but the reply came %v after the request, past the lease's validity (TTL %v): given back", ErrNotObtained, took.Round(time.Millisecond), first.ttl)
+		return false, 0, spentToken{fmt.Errorf("%w: acquire: granted, but the reply came %v after the request, past the lease's validity (TTL %v): given back", ErrNotObtained, took.Round(time.Millisecond), first.ttl)}
 	}
 	for j, i := range idx {
 		f, _ := a[j+1].(int64)
