@@ -185,11 +185,12 @@ func (lk *lock) firstLook(ctx context.Context, h *holding) (l *Lease, err error,
 			return l, err, true, 0
 		case err == nil:
 			return nil, nil, false, r.fence // held: wait for it
-		case spent(err) && !h.sharedToken && ctx.Err() == nil:
+		case spent(err) && !h.sharedToken && ctx.Err() == nil && !errors.Is(err, ErrNotReplicated):
 			// A give-back still on its way may release a grant to this
 			// token: go on with a fresh one (nothing has recorded
 			// the token yet: no place in line, no local waiter). The old
-			// one is given back again in the background.
+			// one is given back again in the background. (A grant the
+			// replicas did not confirm fails the call closed instead.)
 			lk.abandon(ctx, h.token, err)
 			h.token = lk.c.tokens.next()
 		case ctx.Err() != nil || permanent(err):
