@@ -54,17 +54,11 @@ type call struct {
 // initLock makes l the lock called name, of kind, with opts (in place: the
 // prepared command lines of its holdings point into it).
 func (c *Client) initLock(l *lock, name, kind string, opts []LockOption) {
-	cfg := lockConfig{ttl: DefaultTTL}
-	for _, o := range opts {
-		o(&cfg)
-	}
+	cfg := lockOptions(opts)
 	k, handover := wire.KeysAndHandOver(c.cfg.prefix, name, c.id)
 	*l = lock{
 		c: c, name: name, kind: kind, hash: k.Hash, handover: handover, ttl: wholeMillis(cfg.ttl), renew: !cfg.noRenew,
-		fair: cfg.fair || kind != wire.KindMutex, ttlArg: c.ttlArg,
-	}
-	if cfg.ttl != DefaultTTL {
-		l.ttlArg = formatMillis(cfg.ttl)
+		fair: cfg.fair || kind != wire.KindMutex, ttlArg: c.ttlArgOf(cfg.ttl),
 	}
 	if kind == wire.KindMutex {
 		l.keyArr = [4]string{k.Hash, k.Line, k.Waiters}
@@ -89,6 +83,24 @@ func (c *Client) initLock(l *lock, name, kind string, opts []LockOption) {
 	if c.q != nil {
 		l.proto = quorumProto{}
 	}
+}
+
+// lockOptions applies opts to the defaults.
+func lockOptions(opts []LockOption) lockConfig {
+	cfg := lockConfig{ttl: DefaultTTL}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return cfg
+}
+
+// ttlArgOf is the TTL argument of the scripts for ttl (the Client's own
+// for the default).
+func (c *Client) ttlArgOf(ttl time.Duration) string {
+	if ttl == DefaultTTL {
+		return c.ttlArg
+	}
+	return formatMillis(ttl)
 }
 
 // scriptKeys are the KEYS of the lock's scripts.

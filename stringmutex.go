@@ -51,16 +51,10 @@ func (c *Client) StringMutex(key string, opts ...LockOption) *Mutex {
 
 // initString makes l the string lock at key (see initLock).
 func (c *Client) initString(l *lock, key string, opts []LockOption) {
-	cfg := lockConfig{ttl: DefaultTTL}
-	for _, o := range opts {
-		o(&cfg)
-	}
+	cfg := lockOptions(opts)
 	*l = lock{
 		c: c, name: key, kind: wire.KindString, hash: key, ttl: wholeMillis(cfg.ttl), renew: !cfg.noRenew,
-		ttlArg: c.ttlArg, proto: strProto{},
-	}
-	if cfg.ttl != DefaultTTL {
-		l.ttlArg = formatMillis(cfg.ttl)
+		ttlArg: c.ttlArgOf(cfg.ttl), proto: strProto{},
 	}
 	l.keyArr = [4]string{key, wire.StringFenceKey(key)}
 	if _, _, ok := wire.ParseKey(c.cfg.prefix, key); ok {

@@ -1,7 +1,5 @@
 package wire
 
-import "strings"
-
 // Slots is the number of Redis Cluster hash slots.
 const Slots = 16384
 
@@ -9,10 +7,8 @@ const Slots = 16384
 // of its hash tag (the part between the first '{' and the next '}', if not
 // empty), mod Slots. Every key of a lock has the lock's name as its tag.
 func Slot(key string) uint16 {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			key = key[i+1 : i+1+j]
-		}
+	if tag, ok := HashTag(key); ok {
+		key = tag
 	}
 	var crc uint16
 	for i := 0; i < len(key); i++ {
