@@ -1,7 +1,10 @@
 package market
 
 import (
+	"cmp"
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 )
 
@@ -50,75 +53,144 @@ func claims(rs []Result) []claim {
 		out = append(out, claim{text: "money or items were created or lost in " + strings.Join(bad, ", ") + ": see the notes above"})
 	}
 
+	// The cells of each load, by round: a round's rows ran close together,
+	// so the claims compare rows of one round and take the median over
+	// the rounds in which every row they need ran.
 	var loads []Load
-	cells := map[Load]map[string]Result{}
+	cells := map[Load]map[int]map[string]Result{}
+	rounds := 0
 	for _, r := range rs {
 		if verdict(r) != "ok" {
 			continue // a failed or invalid row says nothing about speed
 		}
 		if cells[r.Load] == nil {
-			cells[r.Load] = map[string]Result{}
+			cells[r.Load] = map[int]map[string]Result{}
 			loads = append(loads, r.Load)
 		}
-		if _, seen := cells[r.Load][r.Variant]; !seen {
-			cells[r.Load][r.Variant] = r
+		if cells[r.Load][r.Round] == nil {
+			cells[r.Load][r.Round] = map[string]Result{}
 		}
+		if _, seen := cells[r.Load][r.Round][r.Variant]; !seen {
+			cells[r.Load][r.Round][r.Variant] = r
+		}
+		rounds = max(rounds, r.Round)
 	}
 	for _, l := range loads {
-		get := func(v string) (Result, bool) { r, ok := cells[l][v]; return r, ok }
 		add := func(holds bool, format string, args ...any) {
 			out = append(out, claim{load: &l, holds: holds, text: fmt.Sprintf(format, args...)})
 		}
-		watch, hasWatch := get(VariantWatch)
-		coarse, hasCoarse := get(VariantCoarse)
-		fine, hasFine := get(VariantFine)
-		dc, hasDC := get(VariantDlockCoarse)
-		df, hasDF := get(VariantDlockFine)
+		// med is the median over l's rounds that ran every variant of
+		// need of f's value in the round, and how many rounds it took.
+		med := func(f func(round map[string]Result) float64, need ...string) (float64, int) {
+			var vs []float64
+			for _, round := range cells[l] {
+				if !slices.ContainsFunc(need, func(v string) bool { _, ok := round[v]; return !ok }) {
+					vs = append(vs, f(round))
+				}
+			}
+			if len(vs) == 0 {
+				return 0, 0
+			}
+			slices.Sort(vs)
+			if len(vs)%2 == 1 {
+				return vs[len(vs)/2], len(vs)
+			}
+			return (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2, len(vs)
+		}
+		// of says over how many rounds a median was taken, if more than one.
+		of := func(n int) string {
+			if rounds <= 1 {
+				return ""
+			}
+			return fmt.Sprintf(", the median of %s", plural(n, "round"))
+		}
+		div := func(a, b int64) float64 {
+			if b == 0 && a == 0 {
+				return 0
+			}
+			if b == 0 {
+				return math.Inf(1)
+			}
+			return float64(a) / float64(b)
+		}
 
-		if hasWatch {
-			add(watch.Retries > watch.Bought,
-				"WATCH starts most purchases over: %s restarts per item bought (a purchase aborts whenever another client changed the market first)",
-				per(watch.Retries, watch.Bought))
+		if r, n := med(func(c map[string]Result) float64 { return div(c[VariantWatch].Retries, c[VariantWatch].Bought) }, VariantWatch); n > 0 {
+			add(r > 1,
+				"WATCH starts most purchases over: %s restarts per item bought%s (a purchase aborts whenever another client changed the market first)",
+				perf(r), of(n))
 		}
-		if hasWatch && hasFine && heavy(l) {
-			add(float64(fine.Bought) >= fineOverWatch*float64(watch.Bought),
-				"a lock per item beats WATCH under contention: the book's fine lock bought %s as many items as WATCH (%g× or more expected: buyers of different items no longer undo each other's work)",
-				ratio(fine.Bought, watch.Bought), fineOverWatch)
+		if heavy(l) {
+			if r, n := med(func(c map[string]Result) float64 { return div(c[VariantFine].Bought, c[VariantWatch].Bought) }, VariantWatch, VariantFine); n > 0 {
+				add(r >= fineOverWatch,
+					"a lock per item beats WATCH under contention: the book's fine lock bought %s as many items as WATCH%s (%g× or more expected: buyers of different items no longer undo each other's work)",
+					ratiof(r), of(n), fineOverWatch)
+			}
 		}
-		if hasDC && heavy(l) {
+		if _, n := med(func(c map[string]Result) float64 { return 0 }, VariantDlockCoarse); n > 0 && heavy(l) {
 			// Only where someone always wants the lock: with fewer
-			// workers it is often free because nobody asks for it.
+			// workers it is often free because nobody asks for it. With
+			// rounds, every figure is the median round's (by its share).
+			dc := medianOf(cells[l], VariantDlockCoarse, func(r Result) float64 { return r.CeilingShare })
+			share := dc.CeilingShare
 			then := ""
-			if hasCoarse {
-				then = fmt.Sprintf("; the book's coarse lock %s, as its waiters see it free only at their next try, 1 ms apart", pct(coarse.CeilingShare))
+			if cs, m := med(func(c map[string]Result) float64 { return c[VariantCoarse].CeilingShare }, VariantCoarse); m > 0 {
+				then = fmt.Sprintf("; the book's coarse lock %s, as its waiters see it free only at their next try, 1 ms apart", pct(cs))
 			}
 			secs := dc.Duration.Seconds()
 			ceiling := 0.0
 			if dc.CriticalSection > 0 {
 				ceiling = 1 / dc.CriticalSection.Seconds()
 			}
-			add(dc.LockSections > 0 && dc.CeilingShare >= coarseCeiling,
-				"dlock-coarse runs its critical sections one right after another: %s a second (%s of them purchases), %s of the %s a second that sections of their mean length, %s, allow back to back (%s or more expected%s)",
+			add(dc.LockSections > 0 && share >= coarseCeiling,
+				"dlock-coarse runs its critical sections one right after another: %s a second (%s of them purchases), %s of the %s a second that sections of their mean length, %s, allow back to back%s (%s or more expected%s)",
 				count(int64(float64(dc.LockSections)/secs+0.5)), count(int64(float64(dc.Bought)/secs+0.5)),
-				pct(dc.CeilingShare), count(int64(ceiling+0.5)), dur(dc.CriticalSection), pct(coarseCeiling), then)
+				pct(share), count(int64(ceiling+0.5)), dur(dc.CriticalSection), of(n), pct(coarseCeiling), then)
 		}
-		if hasDC && hasCoarse {
-			// p99 is of the calls that completed in the row's time: those
-			// still waiting at its end, the slowest, are not in it. More
-			// than 1 in 100 of them (a row whose waiters hung) leaves p99
-			// saying nothing of the slowest purchases.
-			seen, unseen := dc.Calls > 0 && 100*dc.InFlight <= dc.Calls, ""
-			if !seen {
-				unseen = fmt.Sprintf("; but %d calls were still waiting at the row's end, against %d completed: too many for p99 to show the slowest", dc.InFlight, dc.Calls)
+		// p99 is of the calls that completed in the row's time: those
+		// still waiting at its end, the slowest, are not in it. More than
+		// 1 in 100 of them (a row whose waiters hung) leaves p99 saying
+		// nothing of the slowest purchases.
+		if r, n := med(func(c map[string]Result) float64 {
+			return float64(c[VariantDlockCoarse].All.P99) / float64(c[VariantCoarse].All.P99)
+		}, VariantDlockCoarse, VariantCoarse); n > 0 {
+			dc := medianOf(cells[l], VariantDlockCoarse, func(r Result) float64 { return float64(r.All.P99) })
+			coarse := medianOf(cells[l], VariantCoarse, func(r Result) float64 { return float64(r.All.P99) })
+			hung := 0
+			for _, c := range cells[l] {
+				if dc, ok := c[VariantDlockCoarse]; ok && (dc.Calls == 0 || 100*dc.InFlight > dc.Calls) {
+					hung++
+				}
 			}
-			add(seen && float64(dc.All.P99) <= coarseP99Factor*float64(coarse.All.P99),
-				"dlock-coarse keeps the slowest purchases short: p99 %s against the book's coarse lock's %s (a quarter or less expected: waiters are served in turn, not whoever tries at the right moment)%s",
-				dur(dc.All.P99), dur(coarse.All.P99), unseen)
+			unseen := ""
+			switch {
+			case hung > 0 && rounds <= 1:
+				unseen = fmt.Sprintf("; but %d calls were still waiting at the row's end, against %d completed: too many for p99 to show the slowest", dc.InFlight, dc.Calls)
+			case hung > 0:
+				unseen = fmt.Sprintf("; but in %s of them more than 1 in 100 calls were still waiting at the row's end: too many for p99 to show the slowest", plural(hung, "round"))
+			}
+			add(hung == 0 && r <= coarseP99Factor,
+				"dlock-coarse keeps the slowest purchases short: p99 %s against the book's coarse lock's %s%s (a quarter or less expected: waiters are served in turn, not whoever tries at the right moment)%s",
+				dur(dc.All.P99), dur(coarse.All.P99), of(n), unseen)
 		}
-		if hasDF && hasFine && heavy(l) {
-			add(df.Bought >= fine.Bought && df.All.P99 <= fine.All.P99,
-				"dlock costs no purchases: dlock-fine bought %s what the book's fine lock bought, p99 %s against %s (as many or more, with a p99 no longer, expected: it replaces that lock and adds expiry, renewal and fencing)",
-				ratio(df.Bought, fine.Bought), dur(df.All.P99), dur(fine.All.P99))
+		if heavy(l) {
+			bought, n := med(func(c map[string]Result) float64 { return div(c[VariantDlockFine].Bought, c[VariantFine].Bought) }, VariantDlockFine, VariantFine)
+			p99, _ := med(func(c map[string]Result) float64 {
+				return float64(c[VariantDlockFine].All.P99) / float64(c[VariantFine].All.P99)
+			}, VariantDlockFine, VariantFine)
+			if n > 0 {
+				df := medianOf(cells[l], VariantDlockFine, func(r Result) float64 { return float64(r.All.P99) })
+				fine := medianOf(cells[l], VariantFine, func(r Result) float64 { return float64(r.All.P99) })
+				const expected = "(as many or more, with a p99 no longer, expected: it replaces that lock and adds expiry, renewal and fencing)"
+				if rounds > 1 {
+					add(bought >= 1 && p99 <= 1,
+						"dlock costs no purchases: round by round, dlock-fine bought a median %s what the book's fine lock bought, with a p99 a median %s the book's (%s; median p99s %s and %s) "+expected,
+						ratiof(bought), ratiof(p99), plural(n, "round"), dur(df.All.P99), dur(fine.All.P99))
+				} else {
+					add(bought >= 1 && p99 <= 1,
+						"dlock costs no purchases: dlock-fine bought %s what the book's fine lock bought, p99 %s against %s "+expected,
+						ratiof(bought), dur(df.All.P99), dur(fine.All.P99))
+				}
+			}
 		}
 	}
 	return out
@@ -126,6 +198,39 @@ func claims(rs []Result) []claim {
 
 // pct formats a share as a whole percentage.
 func pct(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) }
+
+// medianOf returns variant's cell of the round whose f is the median (the
+// lower median of an even count) among rounds, or the zero Result if it
+// ran in none.
+func medianOf(rounds map[int]map[string]Result, variant string, f func(Result) float64) Result {
+	var rs []Result
+	for _, c := range rounds {
+		if r, ok := c[variant]; ok {
+			rs = append(rs, r)
+		}
+	}
+	if len(rs) == 0 {
+		return Result{}
+	}
+	slices.SortStableFunc(rs, func(a, b Result) int { return cmp.Compare(f(a), f(b)) })
+	return rs[(len(rs)-1)/2]
+}
+
+// ratiof formats a ratio as ratio does, from its value.
+func ratiof(r float64) string {
+	if math.IsInf(r, 1) {
+		return "n/a (÷ 0)"
+	}
+	return sig3(r) + "×"
+}
+
+// perf formats a ratio with one decimal, as per does.
+func perf(r float64) string {
+	if math.IsInf(r, 1) {
+		return "n/a (nothing bought)"
+	}
+	return fmt.Sprintf("%.1f", r)
+}
 
 // per formats a ÷ b with one decimal, "n/a" when b is 0.
 func per(a, b int64) string {

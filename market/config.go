@@ -43,6 +43,8 @@ const (
 const (
 	DefaultDuration = 60 * time.Second
 	DefaultPick     = PickCheapest10
+	// MaxRounds bounds Config.Rounds.
+	MaxRounds = 100
 )
 
 // ErrInvalidConfig is wrapped by every error Run returns for a Config it
@@ -151,6 +153,13 @@ type Config struct {
 	// Seed seeds the listers' prices and the buyers' picks; runs with the
 	// same seed make the same choices given the same market.
 	Seed int64
+	// Rounds runs the whole table this many times, one round after the
+	// other (default 1, at most MaxRounds): on a machine whose load changes
+	// while the rows run one by one, a single row says little, and the
+	// rows of one round ran close together. Run returns every round's
+	// cells (Result.Round); the tables show each row's median round and the
+	// claims compare the rows round by round, taking the median.
+	Rounds int
 	// Progress receives one line per finished cell and a ticking line
 	// during long cells (nil: none).
 	Progress io.Writer
@@ -189,6 +198,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Duration < 0 {
 		return c, fmt.Errorf("%w: negative duration %v", ErrInvalidConfig, c.Duration)
+	}
+	if c.Rounds == 0 {
+		c.Rounds = 1
+	}
+	if c.Rounds < 0 || c.Rounds > MaxRounds {
+		return c, fmt.Errorf("%w: rounds %d (want 1 to %d)", ErrInvalidConfig, c.Rounds, MaxRounds)
 	}
 	if len(c.Loads) == 0 {
 		c.Loads = DefaultLoads()

@@ -1,6 +1,7 @@
 package market
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -59,7 +60,7 @@ func WriteTable(w io.Writer, rs []Result) {
 	if len(rep.ran) > 0 {
 		fmt.Fprintln(w)
 		legend := append(variantLegend(rep.ran), [][2]string{
-			{"load", "sellers/buyers: how many of each ran at once"},
+			{"load", "sellers/buyers: how many of each ran at once" + roundsNote(rep.rounds)},
 			{"listed", "items the sellers put on the market"},
 			{"bought", "items bought (higher is better)"},
 			{"retries", "WATCH purchases started over because the market changed meanwhile"},
@@ -127,7 +128,11 @@ func WriteSummary(w io.Writer, rs []Result) {
 			}
 			rows = append(rows, append(row, dur(r.All.P50), dur(r.All.P99), verdict(r)))
 		}
-		fmt.Fprintf(w, "%s, %v per row:\n\n", loadWords(l), d)
+		if rep.rounds > 1 {
+			fmt.Fprintf(w, "%s, %v per row, each row the median of %d rounds by items bought:\n\n", loadWords(l), d, rep.rounds)
+		} else {
+			fmt.Fprintf(w, "%s, %v per row:\n\n", loadWords(l), d)
+		}
 		writeColumns(w, cols, rows)
 	}
 	if len(rep.ran) > 0 {
@@ -153,7 +158,9 @@ func WriteSummary(w io.Writer, rs []Result) {
 
 // report is what both tables print besides their rows.
 type report struct {
-	ran     []Result // the cells that ran, in order
+	ran     []Result // the rows to print: each cell that ran, or with rounds its median round
+	all     []Result // every cell that ran, every round's
+	rounds  int      // the most rounds any cell ran
 	loads   []Load   // the loads of ran, in order of first appearance
 	skipped []string // one line per reason a cell was skipped
 	notes   []string
@@ -175,27 +182,67 @@ func collect(rs []Result) report {
 			}
 			continue
 		}
-		rep.ran = append(rep.ran, r)
+		rep.all = append(rep.all, r)
+		rep.rounds = max(rep.rounds, r.Round)
 		if !slices.Contains(rep.loads, r.Load) {
 			rep.loads = append(rep.loads, r.Load)
 		}
+	}
+	for _, r := range rep.all {
+		where := fmt.Sprintf("%s %s", r.Load, r.Variant)
+		if rep.rounds > 1 {
+			where += fmt.Sprintf(" (round %d)", r.Round)
+		}
 		switch {
 		case r.Check != nil || r.CheckError != "":
-			rep.notes = append(rep.notes, fmt.Sprintf("%s %s: check failed: %s", r.Load, r.Variant, r.CheckError))
+			rep.notes = append(rep.notes, fmt.Sprintf("%s: check failed: %s", where, r.CheckError))
 		case !r.Valid:
-			rep.notes = append(rep.notes, fmt.Sprintf("%s %s: invalid: %s", r.Load, r.Variant, r.Invalid))
+			rep.notes = append(rep.notes, fmt.Sprintf("%s: invalid: %s", where, r.Invalid))
 		}
 		for _, n := range r.Notes {
-			rep.notes = append(rep.notes, fmt.Sprintf("%s %s: %s", r.Load, r.Variant, n))
+			rep.notes = append(rep.notes, fmt.Sprintf("%s: %s", where, n))
 		}
 		if r.ListTimeouts > 0 || r.NoFunds > 0 {
-			rep.notes = append(rep.notes, fmt.Sprintf("%s %s: %d listings timed out, %d purchases lacked funds", r.Load, r.Variant, r.ListTimeouts, r.NoFunds))
+			rep.notes = append(rep.notes, fmt.Sprintf("%s: %d listings timed out, %d purchases lacked funds", where, r.ListTimeouts, r.NoFunds))
 		}
 	}
+	rep.ran = medianRows(rep.all)
 	for _, reason := range reasons {
 		rep.skipped = append(rep.skipped, fmt.Sprintf("skipped: %s (%s)", strings.Join(byReason[reason], ", "), reason))
 	}
 	return rep
+}
+
+// medianRows returns one row per load and variant of rs, in order of first
+// appearance: the cell itself when it ran once, else its median round by
+// items bought (the lower median of an even count). A round whose check
+// failed is the row shown, so that no failure hides behind a median.
+func medianRows(rs []Result) []Result {
+	type cellKey struct {
+		load    Load
+		variant string
+	}
+	var order []cellKey
+	byCell := map[cellKey][]Result{}
+	for _, r := range rs {
+		k := cellKey{r.Load, r.Variant}
+		if byCell[k] == nil {
+			order = append(order, k)
+		}
+		byCell[k] = append(byCell[k], r)
+	}
+	out := make([]Result, 0, len(order))
+	for _, k := range order {
+		cells := byCell[k]
+		if i := slices.IndexFunc(cells, func(r Result) bool { return verdict(r) == "FAILED" }); i >= 0 {
+			out = append(out, cells[i])
+			continue
+		}
+		sorted := slices.Clone(cells)
+		slices.SortStableFunc(sorted, func(a, b Result) int { return cmp.Compare(a.Bought, b.Bought) })
+		out = append(out, sorted[(len(sorted)-1)/2])
+	}
+	return out
 }
 
 // writeRemarks prints the skipped cells, the notes and the claims.
@@ -209,7 +256,7 @@ func (rep report) writeRemarks(w io.Writer) {
 	for _, n := range rep.notes {
 		writeWrapped(w, "", "note: "+n, "  ")
 	}
-	cs := claims(rep.ran)
+	cs := claims(rep.all)
 	if len(cs) == 0 {
 		return
 	}
@@ -226,6 +273,14 @@ func (rep report) writeRemarks(w io.Writer) {
 		}
 		writeWrapped(w, mark, c.text, "    ")
 	}
+}
+
+// roundsNote says, in the full table's legend, which round a row shows.
+func roundsNote(rounds int) string {
+	if rounds <= 1 {
+		return ""
+	}
+	return fmt.Sprintf("; each row is the median of %d rounds by items bought (--json has every round)", rounds)
 }
 
 // verdict is a cell's check column.

@@ -18,6 +18,8 @@ type Result struct {
 	// Improved is true for rows that are not in the book.
 	Improved bool   `json:"improved"`
 	Pick     string `json:"pick"`
+	// Round is the round the cell ran in, from 1 (see Config.Rounds).
+	Round int `json:"round"`
 	// Skipped says why the cell did not run (empty if it ran).
 	Skipped string `json:"skipped,omitempty"`
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,7 +62,9 @@ buyers, 3s per row, rows watch, coarse, fine, dlock-coarse, dlock-fine, lua,
 and a short table with every column explained. --full runs the book's whole
 experiment instead (loads 1/1, 5/1 and 5/5, every variant, 60s per row:
 about 22 minutes) and prints every column; --loads, --variants and --duration
-change either.
+change either. On a machine whose load comes and goes, one row says little
+about another that ran seconds later: --rounds N runs the table N times and
+compares the rows round by round.
 
 Without --redis (or DLOCK_REDIS_URL / REDIS_URL) it starts a private
 redis-server on a free loopback port, or an in-process server if
@@ -74,6 +77,7 @@ Examples:
   dlock market --full --chart market.svg         # the book's experiment, 22 minutes
   dlock market --loads 1/1,5/5 --duration 10s    # two loads, 10 s per row
   dlock market --variants fine,dlock-fine --pick cheapest --wide
+  dlock market --variants fine,dlock-fine --duration 5s --rounds 5
   dlock market --redis redis://127.0.0.1:6379/15 --json > market.json
 
 Exit codes: 0 ok, 1 a conservation check failed, 64 usage error,
@@ -90,6 +94,7 @@ type marketFlags struct {
 	variants []string
 	pick     string
 	seed     int64
+	rounds   int
 	json     bool
 	wide     bool
 	chart    string
@@ -112,6 +117,7 @@ func parseMarketFlags(args []string, stdout io.Writer) (f marketFlags, help bool
 	variants := fs.String("variants", "", "comma-separated variants (default "+strings.Join(demoVariants, ",")+"; every one with --full: "+strings.Join(market.Variants(), ",")+")")
 	fs.StringVar(&f.pick, "pick", market.DefaultPick, "buyers' item choice: cheapest10, cheapest or random")
 	fs.Int64Var(&f.seed, "seed", 1, "seed for prices and picks")
+	fs.IntVar(&f.rounds, "rounds", 1, "run the whole table `N` times, round after round; each row shows its median round, and the claims compare the rows of each round and take the median (1 to "+strconv.Itoa(market.MaxRounds)+")")
 	fs.BoolVar(&f.json, "json", false, "print JSON (every measure of every row) instead of a table")
 	fs.BoolVar(&f.wide, "wide", false, "print every column (the default with --full)")
 	fs.StringVar(&f.chart, "chart", "", "write an SVG chart to `FILE.svg`")
@@ -153,6 +159,9 @@ func parseMarketFlags(args []string, stdout io.Writer) (f marketFlags, help bool
 	if f.variantsSet && len(f.variants) == 0 {
 		return f, false, errors.New("--variants is empty")
 	}
+	if f.rounds < 1 || f.rounds > market.MaxRounds {
+		return f, false, fmt.Errorf("--rounds %d: want 1 to %d", f.rounds, market.MaxRounds)
+	}
 	if f.redisURL == "" {
 		f.redisURL = os.Getenv("DLOCK_REDIS_URL")
 	}
@@ -188,6 +197,7 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		Variants: f.variants,
 		Pick:     f.pick,
 		Seed:     f.seed,
+		Rounds:   f.rounds,
 	}
 	if !f.quiet {
 		cfg.Progress = stderr
@@ -286,6 +296,7 @@ func runMarket(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			rows += len(cfg.Loads)
 		}
 	}
+	rows *= cfg.Rounds
 	say("%d rows of %v each, about %v in all%s", rows, cfg.Duration, estimate(rows, cfg.Duration), fullHint(f))
 	stopProfile, err := startCPUProfile(f.cpuProfile)
 	if err != nil {

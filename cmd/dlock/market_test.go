@@ -43,6 +43,8 @@ func TestUsageErrors(t *testing.T) {
 		{"market", "--variants", ""},
 		{"market", "--pick", "dearest"},
 		{"market", "--duration", "-1s"},
+		{"market", "--rounds", "0"},
+		{"market", "--rounds", "101"},
 		{"market", "--redis", "http://example"},
 		{"market", "--redis", "redis://127.0.0.1:1,redis://127.0.0.1:2,redis://127.0.0.1:3"},
 	} {
