@@ -273,6 +273,10 @@ func (rep report) writeRemarks(w io.Writer) {
 		}
 		writeWrapped(w, mark, c.text, "    ")
 	}
+	if rep.rounds <= 1 && slices.ContainsFunc(cs, func(c claim) bool { return c.load != nil && !c.holds }) {
+		fmt.Fprintln(w)
+		writeWrapped(w, "", "One round compares rows that ran seconds apart, and a machine's load can change meanwhile: --rounds 5 runs the table five times and compares the rows round by round.", "")
+	}
 }
 
 // roundsNote says, in the full table's legend, which round a row shows.

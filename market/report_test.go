@@ -183,6 +183,18 @@ func TestSummaryAtAGlance(t *testing.T) {
 	if strings.Count(out, "\n  ✓ ") != 5 || strings.Count(out, "\n  ✗ ") != 1 {
 		t.Errorf("want 5 claims marked ✓ and 1 ✗")
 	}
+	// A speed claim that does not hold in one round points at --rounds;
+	// one that does, or a table of rounds, does not.
+	if !strings.Contains(out, "--rounds") {
+		t.Errorf("a speed claim failed in one round, and the summary does not suggest --rounds:\n%s", out)
+	}
+	var fine bytes.Buffer
+	WriteSummary(&fine, inOrder(storyResults(Load{5, 5})))
+	var rounds bytes.Buffer
+	WriteSummary(&rounds, roundsOf(0.7, 0.8, 0.9))
+	if strings.Contains(fine.String(), "--rounds") || strings.Contains(rounds.String(), "--rounds") {
+		t.Errorf("--rounds suggested though every claim held, or the table has rounds:\n%s\n%s", fine.String(), rounds.String())
+	}
 	for _, word := range []string{"target", "spec", "MARKET"} {
 		if strings.Contains(out, word) {
 			t.Errorf("the summary cites %q, which the user cannot see", word)
