@@ -342,7 +342,27 @@ func (h *holding) giveUp() { h.end(ending, context.Canceled) }
 func (h *holding) startPass(p *pass) {
 	h.mu.Lock()
 	h.st, h.pass = passing, p
+	turnEnd := h.turnEnd // raised since passOn read it, perhaps (extendTurn)
 	h.mu.Unlock()
+	p.to.raiseTurn(turnEnd)
+}
+
+// raiseTurn makes h's turn end no earlier than at the waiter numbered
+// seq, unless h is final or has no turn; it returns the holding h passed
+// the lock to, if it has.
+func (h *holding) raiseTurn(seq uint64) (next *holding) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.st.final() {
+		return nil
+	}
+	if h.turnEnd != 0 {
+		h.turnEnd = max(h.turnEnd, seq)
+	}
+	if h.pass != nil {
+		return h.pass.to
+	}
+	return nil
 }
 
 // settle makes an ending or passing holding final.

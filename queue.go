@@ -224,15 +224,20 @@ func (c *Client) awake(w *waiter) mail {
 // Redis, so no other Client waits for a turn. One that joins the line
 // later waits for the turn as it stands when the next record finds it
 // there (each record looks), not for one that grows without end.
+//
+// It reaches h whether h still holds the lock, is unlocking it, or has
+// passed it on already: a record slower than a hold lands after h's
+// Unlock, and then the holders h passed the lock to (each made before this
+// record landed, as their records wait for it) are the ones whose turn it
+// is. A pass made at the same moment copies h's turn after it is made
+// (startPass), so one of the two sees the other.
 func (c *Client) extendTurn(h *holding) {
 	c.mu.Lock()
 	seq := c.seq
 	c.mu.Unlock()
-	h.mu.Lock()
-	if h.st.live() && h.turnEnd != 0 {
-		h.turnEnd = max(h.turnEnd, seq)
+	for h != nil {
+		h = h.raiseTurn(seq)
 	}
-	h.mu.Unlock()
 }
 
 // turnFrom returns the last waiter of the turn that a holding of lc's lock
