@@ -42,6 +42,11 @@ func TestMain(m *testing.M) {
 			// refresh replaced 5 s later, on a goroutine of its own that
 			// outlives the client's Close.
 			ignore = append(ignore, goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2"))
+			// A rueidis client whose connection broke (a server a test
+			// stopped or paused) tries again after a backoff of up to a
+			// second, on a goroutine that sleeps through the client's
+			// Close and then finds it closed.
+			ignore = append(ignore, goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*call).DelayDo.func1"))
 		}
 		if err := goleak.Find(ignore...); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
