@@ -255,7 +255,7 @@ func (w *interleaving) lateGrants(ic *ilClient, ttl time.Duration, l *dlock.Leas
 		deadline, key := dlock.Deadline(partOf(l, name)), w.hashOf(name)
 		kept := ic.ins[0].Events(func(e faults.Event) bool {
 			return e.Kind == faults.DelayReply && e.Delay >= ttl && slices.Contains(acquire, e.Call.Script) && outsideLine(e.Call) &&
-				e.Call.Has(tok) && e.Call.Has(key) && deadline.Before(w.epoch.Add(e.At+e.Delay))
+				e.Call.Has(tok) && (!w.manyNames() || e.Call.Has(key)) && deadline.Before(w.epoch.Add(e.At+e.Delay))
 		})
 		if len(kept) > 0 {
 			w.mu.Lock()
@@ -265,6 +265,9 @@ func (w *interleaving) lateGrants(ic *ilClient, ttl time.Duration, l *dlock.Leas
 		}
 	}
 }
+
+// manyNames reports whether the run locks several names (kind multi).
+func (w *interleaving) manyNames() bool { return len(w.pool) > 1 }
 
 // hashOf is the key that names the lock name in its scripts' KEYS (the
 // first of them): a string lock's own key, else its hash.
