@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,11 +45,14 @@ func (w *interleaving) granted(me *ilLease) {
 	}
 	if me.valid() {
 		switch w.kind {
-		case "mutex", "fair", "election":
-			if me.fence <= w.maxFence {
-				w.failf("fence %d granted %v after a lease with fence %d was seen valid", me.fence, me, w.maxFence)
+		case "mutex", "fair", "election", "multi", "string":
+			// (Per name: a MultiLock's lease has a fence for each.)
+			for i, name := range me.names {
+				if f := me.fences[i]; f <= w.top[name] {
+					w.failf("fence %d of %q granted %v after a lease with fence %d was seen valid", f, name, me, w.top[name])
+				}
+				w.top[name] = max(w.top[name], me.fences[i])
 			}
-			w.maxFence = max(w.maxFence, me.fence)
 		case "rw":
 			if me.writer && me.fence <= w.maxAll || !me.writer && me.fence <= w.maxFence {
 				w.failf("fence %d granted %v after fences %d (writers) / %d (all) were seen valid", me.fence, me, w.maxFence, w.maxAll)
@@ -75,16 +79,21 @@ func (w *interleaving) granted(me *ilLease) {
 // (A mutex counter only grows; in quorum mode every grant has raised its
 // fence on a majority before its call returned, and every later majority
 // meets one of them.) Called under w.mu.
+// Each name of a MultiLock's lease is checked against the grants of that
+// name.
 func (w *interleaving) inOrder(me *ilLease) {
-	i := sort.Search(len(w.order), func(i int) bool { return w.order[i].at >= me.called })
-	if i > 0 && me.fence <= w.order[i-1].max {
-		w.failf("fence %d granted %v by a call made at %.3fs, after a grant of fence %d had returned", me.fence, me, me.called.Seconds(), w.order[i-1].max)
+	for j, name := range me.names {
+		order, fence := w.order[name], me.fences[j]
+		i := sort.Search(len(order), func(i int) bool { return order[i].at >= me.called })
+		if i > 0 && fence <= order[i-1].max {
+			w.failf("fence %d of %q granted %v by a call made at %.3fs, after a grant of fence %d had returned", fence, name, me, me.called.Seconds(), order[i-1].max)
+		}
+		top := fence
+		if n := len(order); n > 0 {
+			top = max(top, order[n-1].max)
+		}
+		w.order[name] = append(order, ilGrant{at: me.at, max: top})
 	}
-	top := me.fence
-	if n := len(w.order); n > 0 {
-		top = max(top, w.order[n-1].max)
-	}
-	w.order = append(w.order, ilGrant{at: me.at, max: top})
 }
 
 // check checks that the leases believed valid now may all be.
@@ -108,8 +117,15 @@ func (w *interleaving) checkLocked(why string) {
 	}
 	bad := false
 	switch w.kind {
-	case "mutex", "fair", "election":
-		bad = len(valid) > 1
+	case "mutex", "fair", "election", "multi", "string":
+		// One holder of each name at a time.
+		per := map[string]int{}
+		for _, o := range valid {
+			for _, n := range o.names {
+				per[n]++
+				bad = bad || per[n] > 1
+			}
+		}
 	case "rw":
 		bad = writer && len(valid) > 1
 	case "sem":
@@ -129,29 +145,31 @@ func (w *interleaving) giveUp(me *ilLease) {
 }
 
 // checkFree checks that, one TTL after every caller returned, nothing holds
-// the lock at Redis any more (on any master of a quorum).
+// the lock at Redis any more (on any master of a quorum): no name of the
+// run's pool.
 func (w *interleaving) checkFree(returned time.Time) {
 	t := w.t
-	keys := wire.KeysOf(wire.DefaultPrefix, w.name)
 	deadline := returned.Add(w.maxTTL + 500*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for i, plain := range w.plains {
-		for {
-			held, what := w.heldAtRedis(ctx, plain, keys)
-			if !held {
-				break
+	for _, name := range w.pool {
+		for i, plain := range w.plains {
+			for {
+				held, what := w.heldAtRedis(ctx, plain, name)
+				if !held {
+					break
+				}
+				if time.Now().After(deadline) {
+					w.mu.Lock()
+					w.failf("%v after every caller returned, the lock %q is still held at Redis%s: %s", time.Since(returned).Round(time.Millisecond), name, w.masterName(i), what)
+					w.mu.Unlock()
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatal(ctx.Err())
+				}
+				time.Sleep(20 * time.Millisecond)
 			}
-			if time.Now().After(deadline) {
-				w.mu.Lock()
-				w.failf("%v after every caller returned, the lock is still held at Redis%s: %s", time.Since(returned).Round(time.Millisecond), w.masterName(i), what)
-				w.mu.Unlock()
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatal(ctx.Err())
-			}
-			time.Sleep(20 * time.Millisecond)
 		}
 	}
 }
@@ -160,9 +178,21 @@ func (w *interleaving) checkFree(returned time.Time) {
 // mutex by its owner; a semaphore or RWMutex by a holding whose lease has
 // not run out (one that ran out may still be counted until the next call
 // that needs permits prunes it, but it holds nothing). A semaphore's count
-// of permits used must always be the sum of its holdings'.
-func (w *interleaving) heldAtRedis(ctx context.Context, plain *redis.Client, keys wire.Keys) (bool, string) {
+// of permits used must always be the sum of its holdings'. A string lock
+// is held while its key is there.
+func (w *interleaving) heldAtRedis(ctx context.Context, plain *redis.Client, name string) (bool, string) {
 	t := w.t
+	if w.kind == "string" {
+		v, err := plain.Get(ctx, name).Result()
+		if errors.Is(err, redis.Nil) {
+			return false, ""
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return true, fmt.Sprintf("the key holds %q", v)
+	}
+	keys := wire.KeysOf(wire.DefaultPrefix, name)
 	h, err := plain.HGetAll(ctx, keys.Hash).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -219,23 +249,64 @@ func (w *interleaving) lateGrants(ic *ilClient, ttl time.Duration, l *dlock.Leas
 		}
 		return
 	}
-	acquire, tok, deadline := w.acquireScript(), l.Token(), dlock.Deadline(l)
-	kept := ic.ins[0].Events(func(e faults.Event) bool {
-		return e.Kind == faults.DelayReply && e.Delay >= ttl && e.Call.Script == acquire && outsideLine(e.Call) &&
-			e.Call.Has(tok) && deadline.Before(w.epoch.Add(e.At+e.Delay))
-	})
-	if len(kept) > 0 {
-		w.mu.Lock()
-		w.failf("a lock call with TTL %v returned a lease (token %s) valid until %.3fs, granted by an acquire whose reply was held back past that: %v",
-			ttl, tok, deadline.Sub(w.epoch).Seconds(), kept)
-		w.mu.Unlock()
+	acquire, tok := w.acquireScripts(), l.Token()
+	for _, name := range l.Names() {
+		// (A MultiLock's lease: each name from the acquires that named it.)
+		deadline, key := dlock.Deadline(partOf(l, name)), w.hashOf(name)
+		kept := ic.ins[0].Events(func(e faults.Event) bool {
+			return e.Kind == faults.DelayReply && e.Delay >= ttl && slices.Contains(acquire, e.Call.Script) && outsideLine(e.Call) &&
+				e.Call.Has(tok) && (!w.manyNames() || e.Call.Has(key)) && deadline.Before(w.epoch.Add(e.At+e.Delay))
+		})
+		if len(kept) > 0 {
+			w.mu.Lock()
+			w.failf("a lock call with TTL %v returned a lease (token %s) of %q valid until %.3fs, granted by an acquire whose reply was held back past that: %v",
+				ttl, tok, name, deadline.Sub(w.epoch).Seconds(), kept)
+			w.mu.Unlock()
+		}
 	}
+}
+
+// manyNames reports whether the run locks several names (kind multi).
+func (w *interleaving) manyNames() bool { return len(w.pool) > 1 }
+
+// hashOf is the key that names the lock name in its scripts' KEYS (the
+// first of them): a string lock's own key, else its hash.
+func (w *interleaving) hashOf(name string) string {
+	if w.kind == "string" {
+		return name
+	}
+	return wire.KeysOf(wire.DefaultPrefix, name).Hash
+}
+
+// partOf is the lease of name in l: a MultiLock's part, else l.
+func partOf(l *dlock.Lease, name string) *dlock.Lease {
+	if p := dlock.PartOf(l, name); p != nil {
+		return p
+	}
+	return l
+}
+
+// pending reports whether some name of o is pending (see dlock.Pending).
+func (o *ilLease) pending() bool {
+	return slices.ContainsFunc(o.names, func(n string) bool { return dlock.Pending(partOf(o.l, n)) })
+}
+
+// describe is dlock.Describe of each name of o.
+func (o *ilLease) describe() string {
+	if !o.multi {
+		return dlock.Describe(o.l)
+	}
+	var b strings.Builder
+	for _, n := range o.names {
+		fmt.Fprintf(&b, "[%q: %s] ", n, dlock.Describe(partOf(o.l, n)))
+	}
+	return b.String()
 }
 
 // outsideLine reports whether c is an acquire that takes no place in the
 // line (a Try call's, or a Lock's first look): acquire.lua with KEYS[1]
 // alone, fair_acquire.lua or sem.lua's "a" with join (ARGV[4], ARGV[5])
-// "0". The late rule spares the looks of waiters in line: a hand-over
+// "0", and every multi_acquire.lua and str_acquire.lua. The late rule spares the looks of waiters in line: a hand-over
 // heard after a late look is dated from that look's send, which has passed
 // (the lease comes back ended, never believed valid), and lateGrants could
 // not tell it from a late grant kept.
@@ -247,6 +318,8 @@ func outsideLine(c faults.Call) bool {
 		return len(c.Args) > 3 && c.Args[3] == "0"
 	case "sem." + wire.SemAcquire:
 		return len(c.Args) > 4 && c.Args[4] == "0"
+	case "multi_acquire", "str_acquire":
+		return true // neither takes a place in a line (a string lock has none)
 	}
 	return false
 }
@@ -301,7 +374,7 @@ func (w *interleaving) checkRedis(fresh *ilLease) {
 	w.mu.Lock()
 	var settled []*ilLease
 	for o := range w.held {
-		if !dlock.Pending(o.l) {
+		if !o.pending() {
 			settled = append(settled, o)
 		}
 	}
@@ -363,20 +436,21 @@ func (w *interleaving) checkRedis(fresh *ilLease) {
 			}
 			continue
 		}
-		if !views[0].has(tok) {
+		if !views[0].holds(o) {
 			w.failf("%v is believed valid, but Redis (read at %.3fs) names %v; the lease: %s; its Client's last faults: %s",
-				o, read.Seconds(), views[0], dlock.Describe(o.l), o.ic.lastFaults(read-2*time.Second))
+				o, read.Seconds(), views[0], o.describe(), o.ic.lastFaults(read-2*time.Second))
 		}
-		if w.topo == ilReplicaAck && !rv.has(tok) {
+		if w.topo == ilReplicaAck && !rv.holds(o) {
 			w.failf("%v is believed valid, but the replica (read after %.3fs) names %v: a failover now would lose it; the lease: %s",
-				o, read.Seconds(), rv, dlock.Describe(o.l))
+				o, read.Seconds(), rv, o.describe())
 		}
 	}
 }
 
 // ilView is what one server said about who holds the lock.
 type ilView struct {
-	owner   string             // a mutex's owner
+	owner   string             // a mutex's owner (a string lock's value)
+	owners  map[string]string  // kind multi: each name's owner
 	fence   uint64             // a mutex's fence counter
 	holders map[string]float64 // a semaphore's or RWMutex's live holdings (nil for a mutex)
 	lost    bool               // a quorum master that lost its data within the restart delay
@@ -391,11 +465,22 @@ func (v ilView) has(tok string) bool {
 	return v.owner == tok
 }
 
+// holds reports whether the view names o's token as the holder of each of
+// o's names.
+func (v ilView) holds(o *ilLease) bool {
+	if v.owners == nil {
+		return v.has(o.l.Token())
+	}
+	return !slices.ContainsFunc(o.names, func(n string) bool { return v.owners[n] != o.l.Token() })
+}
+
 func (v ilView) String() string {
 	var s string
 	switch {
 	case v.err != nil:
 		s = v.err.Error()
+	case v.owners != nil:
+		s = fmt.Sprintf("owners %q", v.owners)
 	case v.holders != nil:
 		s = fmt.Sprintf("live holders %v", v.holders)
 	default:
@@ -438,6 +523,35 @@ func (ic *ilClient) lastFaults(from time.Duration) string {
 // left.
 func (w *interleaving) viewAt(ctx context.Context, rdb *redis.Client) (v ilView) {
 	keys := wire.KeysOf(wire.DefaultPrefix, w.name)
+	switch w.kind {
+	case "multi":
+		v.owners = map[string]string{}
+		for _, name := range w.pool {
+			var o string
+			o, v.err = rdb.HGet(ctx, wire.KeysOf(wire.DefaultPrefix, name).Hash, wire.FieldOwner).Result()
+			if errors.Is(v.err, redis.Nil) {
+				v.err = nil
+			}
+			if v.err != nil {
+				return v
+			}
+			v.owners[name] = o
+		}
+		return v
+	case "string":
+		v.owner, v.err = rdb.Get(ctx, w.name).Result()
+		if errors.Is(v.err, redis.Nil) {
+			v.err = nil
+		}
+		if v.err == nil {
+			f, err := rdb.HGet(ctx, wire.StringFenceKey(w.name), "f").Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return ilView{err: err}
+			}
+			v.fence, _ = strconv.ParseUint(f, 10, 64)
+		}
+		return v
+	}
 	if w.exclusive() {
 		var h []any
 		h, v.err = rdb.HMGet(ctx, keys.Hash, wire.FieldOwner, wire.FieldFence).Result()
@@ -490,5 +604,5 @@ func (w *interleaving) expected(err error, op string) {
 
 // exclusive reports whether the run's lock has one holder at a time.
 func (w *interleaving) exclusive() bool {
-	return w.kind == "mutex" || w.kind == "fair" || w.kind == "election"
+	return w.kind == "mutex" || w.kind == "fair" || w.kind == "election" || w.kind == "multi" || w.kind == "string"
 }

@@ -25,7 +25,9 @@ import (
 )
 
 // TestInterleavings explores the interleavings of every call on one lock
-// name, per primitive (Mutex, Mutex with Fair, RWMutex, Semaphore): several
+// name, per primitive (Mutex, Mutex with Fair, RWMutex, Semaphore, Election,
+// StringMutex; and a MultiLock's: several names of a pool of four, see
+// interleave_multi_test.go): several
 // Clients in one process, each with a few goroutines that Lock, TryLock, Do,
 // re-enter, Extend, ask the TTL and Unlock (with an ended ctx, twice at once,
 // with a ctx that ends meanwhile, alongside an Extend), while Clients are
@@ -128,7 +130,7 @@ const (
 const ilMasters = 5
 
 // ilKinds are the primitives an interleaving run may lock.
-var ilKinds = []string{"mutex", "fair", "rw", "sem", "election"}
+var ilKinds = []string{"mutex", "fair", "rw", "sem", "election", "multi", "string"}
 
 // interleavings runs the interleaving test named test on topo for each of
 // kinds; profile (as DLOCK_CHAOS_PROFILE, which comes after it) sets fields
@@ -194,7 +196,8 @@ type interleaving struct {
 	seed uint64
 	dur  time.Duration
 	name string
-	size int64 // sem: permits in all
+	pool []string // the names the run locks: a MultiLock's pool (kind multi), else name alone
+	size int64    // sem: permits in all
 	topo ilTopology
 	// The servers the lock is taken on (one, or the quorum's masters), and
 	// a plain client of each.
@@ -218,9 +221,10 @@ type interleaving struct {
 
 	mu       sync.Mutex
 	held     map[*ilLease]struct{} // granted, not yet given up by its holder
-	maxFence uint64                // mutex: of every lease seen valid; rw: of every writer's
+	maxFence uint64                // rw: of every writer's seen valid
 	maxAll   uint64                // rw: of every lease seen valid
-	order    []ilGrant             // mutex: every grant, in the order recorded
+	top      map[string]uint64     // one holder at a time: by name, the fence of every lease seen valid
+	order    map[string][]ilGrant  // one holder at a time: by name, every grant, in the order recorded
 	fences   map[uint64]bool       // sem: fences granted
 	grants   int
 	checks   int
@@ -258,6 +262,9 @@ type ilLease struct {
 	via     string
 	gaveUp  bool            // its holder called Unlock (or saw it end)
 	e       *dlock.Election // the election it leads (kind election)
+	names   []string        // the names it holds: a MultiLock's, in lock order, else the one
+	fences  []uint64        // FenceOf each of names
+	multi   bool            // a MultiLock's lease (kind multi: else a Mutex of one name of the pool)
 }
 
 // ilProfile is what one run stresses, drawn from its seed (swarm testing):
@@ -339,6 +346,8 @@ func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration, 
 		epoch:  time.Now(),
 		held:   map[*ilLease]struct{}{},
 		fences: map[uint64]bool{},
+		top:    map[string]uint64{},
+		order:  map[string][]ilGrant{},
 		ops:    map[string]int{},
 		maxTTL: ilMaxTTL * time.Millisecond,
 		prof:   drawProfile(seed),
@@ -347,6 +356,10 @@ func newInterleaving(t *testing.T, kind string, seed uint64, dur time.Duration, 
 		if spec != "" {
 			w.prof.override(t, spec)
 		}
+	}
+	w.pool = []string{w.name}
+	if kind == "multi" {
+		w.pool = ilMultiPool
 	}
 	switch topo {
 	case ilSingle:
@@ -429,6 +442,7 @@ func (w *interleaving) injector(seed uint64, slow float64) *faults.Injector {
 	if w.topo == ilSingle {
 		late = w.prof.late
 	}
+	acquire := w.acquireScripts()
 	return faults.New(faults.Config{
 		Seed:    seed,
 		Scripts: faults.EngineScripts(),
@@ -436,13 +450,20 @@ func (w *interleaving) injector(seed uint64, slow float64) *faults.Injector {
 			// A grant whose reply comes after its lease's TTL is too late
 			// to be valid: the call must not return it, and gives it back
 			// (checked by lateGrants).
-			{Script: w.acquireScript(), Match: outsideLine, Kind: faults.DelayReply, P: late, Min: (ilLockTTL + 50) * ms, Max: time.Second},
+			// (A MultiLock's group acquire; its waits' and a Mutex's
+			// acquire.lua, half as often.)
+			{Script: acquire[0], Match: outsideLine, Kind: faults.DelayReply, P: late, Min: (ilLockTTL + 50) * ms, Max: time.Second},
+			{Script: acquire[len(acquire)-1], Match: outsideLine, Kind: faults.DelayReply, P: late / 2 * float64(len(acquire)-1), Min: (ilLockTTL + 50) * ms, Max: time.Second},
 			{Script: "pass", Kind: faults.LoseReply, P: p, Max: 300 * ms},
 			{Script: "pass", Kind: faults.DelaySend, P: p, Max: 150 * ms},
 			{Script: "extend", Via: faults.Batch, Kind: faults.DelaySend, P: p, Max: 200 * ms}, // a renewal in flight for long
 			{Script: "extend", Kind: faults.DelayReply, P: p, Max: 250 * ms},
 			{Script: "sem.e", Via: faults.Batch, Kind: faults.DelaySend, P: p, Max: 200 * ms},
 			{Script: "sem.e", Kind: faults.DelayReply, P: p, Max: 250 * ms},
+			{Script: "str_extend", Via: faults.Batch, Kind: faults.DelaySend, P: p, Max: 200 * ms},
+			{Script: "str_extend", Kind: faults.DelayReply, P: p, Max: 250 * ms},
+			{Script: "str_release", Kind: faults.LoseReply, P: p / 2, Max: 100 * ms},
+			{Script: "multi_acquire", Kind: faults.LoseReply, P: p / 2, Max: 100 * ms},
 			// An election's publish on its way past its leader's term.
 			{Script: "proclaim", Kind: faults.DelayWrite, P: p, Max: 700 * ms},
 			{Kind: faults.DelaySend, P: 0.03 * f, Max: 80 * ms},
@@ -459,16 +480,21 @@ func (w *interleaving) injector(seed uint64, slow float64) *faults.Injector {
 
 func (w *interleaving) now() time.Duration { return time.Since(w.epoch) }
 
-// acquireScript names the script call (as faults.Rule.Script does) that
-// takes the lock of the run's kind.
-func (w *interleaving) acquireScript() string {
+// acquireScripts names the script calls (as faults.Rule.Script does) that
+// take the lock of the run's kind: a MultiLock's group acquire, and its
+// waits' (and a Mutex's) acquire.lua.
+func (w *interleaving) acquireScripts() []string {
 	switch w.kind {
 	case "mutex":
-		return "acquire"
+		return []string{"acquire"}
 	case "fair", "election": // an Election is a Fair mutex
-		return "fair_acquire"
+		return []string{"fair_acquire"}
+	case "multi":
+		return []string{"multi_acquire", "acquire"}
+	case "string":
+		return []string{"str_acquire"}
 	}
-	return "sem." + wire.SemAcquire
+	return []string{"sem." + wire.SemAcquire}
 }
 
 func (w *interleaving) count(op string) {
@@ -482,7 +508,13 @@ func (o *ilLease) String() string {
 	if o.writer {
 		role = " writer"
 	}
-	return fmt.Sprintf("{client %d%s fence %d permits %d via %s at %.3fs token %s}", o.client, role, o.fence, o.permits, o.via, o.at.Seconds(), o.l.Token())
+	fence := fmt.Sprint(o.fence)
+	if o.multi {
+		fence = fmt.Sprintf("%q %v", o.names, o.fences)
+	} else if strings.HasPrefix(o.via, "Mutex.") { // a Mutex of one name of a MultiLock's pool
+		fence = fmt.Sprintf("%d of %q", o.fence, o.names[0])
+	}
+	return fmt.Sprintf("{client %d%s fence %s permits %d via %s at %.3fs token %s}", o.client, role, fence, o.permits, o.via, o.at.Seconds(), o.l.Token())
 }
 
 // run runs the workers and the chaos for w.dur, then checks what is left.
@@ -558,7 +590,9 @@ func (w *interleaving) run() {
 	// faults heavily makes few grants, and fewer of them heard (7 of 35 in
 	// one 3 s run of rw). A default-mode Mutex has no line, and quorum mode
 	// has none either (no line spans independent masters).
-	if w.kind != "mutex" && w.topo != ilQuorum && heard < uint64(w.grants/10) {
+	// Nor do a string lock (it never hands over) and a MultiLock (its
+	// names are default-mode mutexes).
+	if w.kind != "mutex" && w.kind != "multi" && w.kind != "string" && w.topo != ilQuorum && heard < uint64(w.grants/10) {
 		t.Errorf("only %d of %d grants were hand-overs heard by a waiter in line", heard, w.grants)
 	}
 	for _, f := range w.fails {
@@ -810,11 +844,16 @@ func (w *interleaving) obtain(r *rand.Rand, ic *ilClient) (*ilLease, error) {
 	var l *dlock.Lease
 	var err error
 	switch w.kind {
-	case "mutex", "fair":
-		if w.kind == "fair" {
-			opts = append(opts, dlock.Fair())
+	case "mutex", "fair", "string":
+		var m *dlock.Mutex
+		switch w.kind {
+		case "fair":
+			m = ic.c.Mutex(w.name, append(opts, dlock.Fair())...)
+		case "string":
+			m = ic.c.StringMutex(w.name, opts...)
+		default:
+			m = ic.c.Mutex(w.name, opts...)
 		}
-		m := ic.c.Mutex(w.name, opts...)
 		switch {
 		case try:
 			me.via = "TryLock"
@@ -846,6 +885,8 @@ func (w *interleaving) obtain(r *rand.Rand, ic *ilClient) (*ilLease, error) {
 		}
 	case "election":
 		l, err = w.campaign(ctx, ic, opts, me)
+	case "multi":
+		l, err = w.multiLock(r, ctx, ic, opts, try, me)
 	case "sem":
 		me.permits = int64(1 + r.IntN(ilSize))
 		s := ic.c.Semaphore(w.name, ilSize, opts...)
@@ -863,8 +904,16 @@ func (w *interleaving) obtain(r *rand.Rand, ic *ilClient) (*ilLease, error) {
 	if err != nil {
 		return nil, err
 	}
-	me.l, me.fence = l, l.Fence()
+	w.setLease(me, l)
 	return me, nil
+}
+
+// setLease makes l me's lease: its names and their fences.
+func (w *interleaving) setLease(me *ilLease, l *dlock.Lease) {
+	me.l, me.fence, me.names, me.fences = l, l.Fence(), l.Names(), nil
+	for _, n := range me.names {
+		me.fences = append(me.fences, l.FenceOf(n))
+	}
 }
 
 // do runs Mutex.Do, its function doing what a holder does. The function
@@ -878,7 +927,7 @@ func (w *interleaving) do(r *rand.Rand, m *dlock.Mutex, ctx context.Context, me 
 			w.expected(err, "Lock within Do")
 			return nil
 		}
-		me.l, me.fence = inner, inner.Fence()
+		w.setLease(me, inner)
 		w.granted(me)
 		w.hold(r, me)
 		w.check("end of Do of " + me.String())
@@ -918,7 +967,7 @@ func (w *interleaving) hold(r *rand.Rand, me *ilLease) {
 			w.returnedBy("TTL", end)
 			w.expected(err, "TTL")
 			w.count("TTL")
-		case r.IntN(8) == 0 && (w.kind == "mutex" || w.kind == "fair" || me.writer):
+		case r.IntN(8) == 0 && (w.kind == "mutex" || w.kind == "fair" || w.kind == "string" || w.kind == "multi" || me.writer):
 			w.reenter(r, me)
 		}
 		if r.Float64() < w.prof.long {
@@ -973,15 +1022,20 @@ func (w *interleaving) reenter(r *rand.Rand, me *ilLease) {
 	if ic == nil {
 		return
 	}
-	switch w.kind {
-	case "mutex", "fair":
+	switch {
+	case me.multi:
+		w.reenterMulti(r, ctx, ic, me)
+		return
+	case w.kind == "mutex", w.kind == "fair", w.kind == "multi":
 		// (Its TTL is not asked for, the holding's stays; but quorum mode
 		// refuses one above the restart delay, as DefaultTTL is.)
 		opts := []dlock.LockOption{dlock.TTL(w.maxTTL)}
 		if w.kind == "fair" {
 			opts = append(opts, dlock.Fair())
 		}
-		inner, err = ic.c.Mutex(w.name, opts...).Lock(ctx)
+		inner, err = ic.c.Mutex(me.names[0], opts...).Lock(ctx)
+	case w.kind == "string":
+		inner, err = ic.c.StringMutex(w.name, dlock.TTL(w.maxTTL)).Lock(ctx)
 	default:
 		inner, err = ic.c.RWMutex(w.name).Lock(ctx)
 	}
