@@ -355,3 +355,103 @@ func goLock(ctx context.Context, lock func(context.Context) (*dlock.Lease, error
 	}()
 	return out
 }
+
+// TestLateHandOverInLine: a waiter's look in line runs at Redis (the lock
+// is held: it keeps its place) but its reply is held back; meanwhile the
+// holder unlocks and release.lua hands the lock to the waiter. The waiter
+// dates a hand-over from that look (min(TTL, 1s) after it was sent), so
+// when the reply comes the hand-over's lease is already past its validity.
+// Lock must not return it as it is (it returned a lease past its
+// deadline): held back 1.5s, the lock is still the waiter's at Redis (the
+// hand-over set it to expire about 3s after), and Lock returns a lease
+// confirmed afresh; held back 3.5s, the hand-over has expired at Redis and
+// another Client took the lock meanwhile: Lock fails with ErrNotObtained.
+// Either way nothing is left at Redis, and no two leases are valid at once.
+func TestLateHandOverInLine(t *testing.T) {
+	for _, mode := range []string{"fair", "mutex", "semaphore"} {
+		for _, delay := range []time.Duration{1500 * time.Millisecond, 3500 * time.Millisecond} {
+			t.Run(fmt.Sprintf("%s/%v", mode, delay), func(t *testing.T) {
+				var k lateKind
+				for _, kk := range lateKinds() {
+					if kk.name == mode {
+						k = kk
+					}
+				}
+				expired := delay > 3*time.Second
+				s := redistest.Start(t)
+				c, in := reviewClient(t, s, 5*time.Second, nil,
+					faults.Rule{Script: k.acq, Kind: faults.DelayReply, Calls: []int{2}, Min: delay, Max: delay})
+				cs, rdb := newClients(t, s, 2)
+				x, y := cs[0], cs[1]
+				ctx := ctxT(t, 30*time.Second)
+				name := "latehandover-" + mode
+				holder, err := k.lock(x, name)(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				returned := make(chan struct{})
+				took := make(chan *dlock.Lease, 1)
+				go func() {
+					defer close(took)
+					waitFor(t, ctx, "the delayed look", func() bool { return lateFired(in, k.acq) })
+					waitLine(t, ctx, rdb, "dlock:{"+name+"}", 1) // it ran at Redis: the waiter is in line
+					if err := holder.Unlock(ctx); err != nil {
+						t.Error(err)
+					}
+					for expired {
+						// Another Client takes the lock once the hand-over expires.
+						if l, err := k.try(y, name)(ctx); err == nil {
+							took <- l
+							return
+						}
+						select {
+						case <-returned:
+							return
+						case <-time.After(20 * time.Millisecond):
+						}
+					}
+				}()
+				l, err := k.lock(c, name)(ctx)
+				close(returned)
+				if !lateFired(in, k.acq) {
+					t.Fatalf("the look in line was not delayed: %s", in.Summary())
+				}
+				other := <-took
+				if expired && other == nil {
+					t.Fatal("the other Client never took the lock")
+				}
+				if err == nil {
+					valid := l.Context().Err() == nil && time.Now().Before(dlock.Deadline(l))
+					desc := dlock.Describe(l)
+					_ = l.Unlock(ctx)
+					switch {
+					case other != nil && valid:
+						t.Fatalf("double grant: Lock returned a valid lease (%s) while another Client holds %s; faults: %s", desc, name, in.Summary())
+					case !valid:
+						t.Fatalf("Lock returned a lease already past its validity (%s); faults: %s", desc, in.Summary())
+					case expired:
+						t.Fatalf("Lock returned a lease (%s) for a hand-over that expired at Redis", desc)
+					}
+				} else if expired && errors.Is(err, dlock.ErrNotObtained) {
+					t.Logf("Lock: %v", err)
+				} else {
+					t.Fatalf("Lock: %v (want a lease confirmed afresh)", err)
+				}
+				if other != nil {
+					if _, err := other.TTL(ctx); err != nil {
+						t.Fatalf("the other Client's lease: %v", err)
+					}
+					if err := other.Unlock(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				waitFor(t, ctx, "nothing left at Redis", func() bool { return k.left(ctx, rdb, name) == "" })
+				if l, err := k.try(y, name)(ctx); err != nil {
+					t.Fatalf("another Client's TryLock afterwards: %v", err)
+				} else {
+					_ = l.Unlock(ctx)
+				}
+			})
+		}
+	}
+}

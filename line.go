@@ -2,6 +2,8 @@ package dlock
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 )
 
@@ -270,7 +272,23 @@ func (lk *lock) handedOver(ctx context.Context, h *holding, lc *local, f uint64,
 	if !lk.fair {
 		h.turnEnd = lk.c.turnFrom(lc)
 	}
-	h.granted(f, placed, min(h.ttl, fairLiveness))
+	from, ttl := placed, min(h.ttl, fairLiveness)
+	if !time.Now().Before(validUntil(from, ttl)) {
+		// Heard only past the validity it is dated with (the reply of our
+		// last look came late): the lock may have expired at Redis and
+		// been taken. An extension sent now must confirm it, as an
+		// acquire's reply would; else it is given back, and the token is
+		// spent (see spentToken).
+		sent := time.Now()
+		v, err := lk.c.eval(ctx, lk.proto.extend(h, lk.ttlArg))
+		if n, _ := v.(int64); err != nil || n != 1 {
+			lk.giveBackLater(ctx, h.token)
+			return nil, nameErr(lk.name, spentToken{fmt.Errorf("%w: handed over, but heard %v after our place was last proved, past the lease's validity, and not confirmed (%v): given back",
+				ErrNotObtained, sent.Sub(placed).Round(time.Millisecond), cmp(err, errors.New("the lock is no longer ours")))})
+		}
+		from, ttl = sent, h.ttl
+	}
+	h.granted(f, from, ttl)
 	if h.raced(ctx) {
 		return nil, nameErr(lk.name, ErrClosed)
 	}
