@@ -455,3 +455,65 @@ func TestLateHandOverInLine(t *testing.T) {
 		}
 	}
 }
+
+// TestLatePassInLine: a holder passes the lock to the next waiter of its
+// Client with 80ms of its lease left (above passMargin), and the waiter
+// takes the pass only 150ms later (the pass hook holds it up, as a
+// stalled process would). The passed lease lives on the passer's deadline
+// until its record lands, and the record cannot land after it: Lock must
+// not return that lease as obtained once its deadline has passed; the pass
+// is given back and nothing is left at Redis.
+func TestLatePassInLine(t *testing.T) {
+	s := redistest.Start(t)
+	c, rdb := newClient(t, s)
+	cs, _ := newClients(t, s, 1)
+	y := cs[0]
+	var once sync.Once
+	dlock.SetPassHook(c, func(_, _ *dlock.Lease) {
+		once.Do(func() { time.Sleep(150 * time.Millisecond) })
+	})
+	ctx := ctxT(t, 20*time.Second)
+	const name = "latepass"
+	m := c.Mutex(name, dlock.TTL(400*time.Millisecond), dlock.NoRenew())
+	// A pass needs a holder that waited (it has a turn): y holds, c's
+	// first Lock waits in line and is handed the lock; c's second waits
+	// behind it.
+	first, err := y.Mutex(name).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := goLock(ctx, m.Lock)
+	waitLine(t, ctx, rdb, "dlock:{"+name+"}", 1)
+	got := goLock(ctx, m.Lock)
+	waitFor(t, ctx, "two queued", func() bool { n, _ := dlock.QueuedLocally(c, name); return n == 2 })
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ra := <-a
+	if ra.err != nil {
+		t.Fatal(ra.err)
+	}
+	holder := ra.l
+	waitFor(t, ctx, "the waiter asleep", func() bool { n, asleep := dlock.QueuedLocally(c, name); return n == 1 && asleep })
+	time.Sleep(time.Until(dlock.Deadline(holder).Add(-80 * time.Millisecond)))
+	uerr := holder.Unlock(ctx)
+	r := <-got
+	if r.err == nil {
+		valid := r.l.Context().Err() == nil && time.Now().Before(dlock.Deadline(r.l))
+		desc := dlock.Describe(r.l)
+		_ = r.l.Unlock(ctx)
+		if !valid {
+			t.Fatalf("Lock returned a passed lease already past its validity (%s); the passer's Unlock: %v", desc, uerr)
+		}
+		t.Logf("Lock obtained a valid lease (%s)", desc)
+	} else {
+		t.Logf("Lock: %v; the passer's Unlock: %v", r.err, uerr)
+	}
+	k := lateKinds()[0]
+	waitFor(t, ctx, "nothing left at Redis", func() bool { return k.left(ctx, rdb, name) == "" })
+	l, err := y.Mutex(name).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("another Client's TryLock afterwards: %v", err)
+	}
+	_ = l.Unlock(ctx)
+}

@@ -283,7 +283,10 @@ func (lk *lock) handedOver(ctx context.Context, h *holding, lc *local, f uint64,
 		v, err := lk.c.eval(ctx, lk.proto.extend(h, lk.ttlArg))
 		if n, _ := v.(int64); err != nil || n != 1 {
 			lk.giveBackLater(ctx, h.token)
-			return nil, nameErr(lk.name, spentToken{fmt.Errorf("%w: handed over, but heard %v after our place was last proved, past the lease's validity, and not confirmed (%v): given back",
+			if lk.c.closed.Load() {
+				return nil, nameErr(lk.name, ErrClosed)
+			}
+			return nil, lk.fail(ctx, spentToken{fmt.Errorf("%w: handed over, but heard %v after our place was last proved, past the lease's validity, and not confirmed (%v): given back",
 				ErrNotObtained, sent.Sub(placed).Round(time.Millisecond), cmp(err, errors.New("the lock is no longer ours")))})
 		}
 		from, ttl = sent, h.ttl
@@ -312,6 +315,12 @@ func (lk *lock) passedTo(ctx context.Context, h *holding) (*Lease, error) {
 	lk.c.obs.passedTo(ctx, lk)
 	if h.raced(ctx) {
 		return nil, nameErr(lk.name, ErrClosed)
+	}
+	if err := h.first.live(); err != nil {
+		// Taken past the passer's deadline, which it lives on until its
+		// record lands (and the record cannot land after it): it is not
+		// ours, and the record's failure gives it back (see record).
+		return nil, lk.fail(ctx, spentToken{fmt.Errorf("%w: passed by a holder of this Client, but taken past that lease's deadline (%v): given back", ErrNotObtained, err)})
 	}
 	return &h.first, nil
 }
