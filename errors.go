@@ -20,7 +20,11 @@ var (
 	// else, or when a grant came too late to be valid (its reply came after
 	// the lease it granted may have expired; in quorum mode, a majority that
 	// answered too late or whose fence could not be raised): such a grant is
-	// given back, and a Lock tries again.
+	// given back. A Lock's first look then tries again, with a new owner
+	// token; a Lock already waiting in the line (whose token the line
+	// knows), and a MultiLock's Lock, return ErrNotObtained instead, as
+	// they do for a hand-over or a pass that reached them only after the
+	// lease it granted may have expired.
 	ErrNotObtained = errors.New("dlock: not obtained")
 	// ErrLockLost means a lease is no longer held: it expired, was deleted or
 	// overwritten, or renewal could not reach Redis before its deadline. It is

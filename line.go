@@ -2,6 +2,8 @@ package dlock
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 )
 
@@ -270,7 +272,26 @@ func (lk *lock) handedOver(ctx context.Context, h *holding, lc *local, f uint64,
 	if !lk.fair {
 		h.turnEnd = lk.c.turnFrom(lc)
 	}
-	h.granted(f, placed, min(h.ttl, fairLiveness))
+	from, ttl := placed, min(h.ttl, fairLiveness)
+	if !time.Now().Before(validUntil(from, ttl)) {
+		// Heard only past the validity it is dated with (the reply of our
+		// last look came late): the lock may have expired at Redis and
+		// been taken. An extension sent now must confirm it, as an
+		// acquire's reply would; else it is given back, and the token is
+		// spent (see spentToken).
+		sent := time.Now()
+		v, err := lk.c.eval(ctx, lk.proto.extend(h, lk.ttlArg))
+		if n, _ := v.(int64); err != nil || n != 1 {
+			lk.giveBackLater(ctx, h.token)
+			if lk.c.closed.Load() {
+				return nil, nameErr(lk.name, ErrClosed)
+			}
+			return nil, lk.fail(ctx, spentToken{fmt.Errorf("%w: handed over, but heard %v after our place was last proved, past the lease's validity, and not confirmed (%v): given back",
+				ErrNotObtained, sent.Sub(placed).Round(time.Millisecond), cmp(err, errors.New("the lock is no longer ours")))})
+		}
+		from, ttl = sent, h.ttl
+	}
+	h.granted(f, from, ttl)
 	if h.raced(ctx) {
 		return nil, nameErr(lk.name, ErrClosed)
 	}
@@ -294,6 +315,12 @@ func (lk *lock) passedTo(ctx context.Context, h *holding) (*Lease, error) {
 	lk.c.obs.passedTo(ctx, lk)
 	if h.raced(ctx) {
 		return nil, nameErr(lk.name, ErrClosed)
+	}
+	if err := h.first.live(); err != nil {
+		// Taken past the passer's deadline, which it lives on until its
+		// record lands (and the record cannot land after it): it is not
+		// ours, and the record's failure gives it back (see record).
+		return nil, lk.fail(ctx, spentToken{fmt.Errorf("%w: passed by a holder of this Client, but taken past that lease's deadline (%v): given back", ErrNotObtained, err)})
 	}
 	return &h.first, nil
 }
