@@ -149,6 +149,7 @@ func checkLateOutcome(t *testing.T, ctx context.Context, k lateKind, in *faults.
 func TestLateGrantInLine(t *testing.T) {
 	for _, k := range lateKinds() {
 		t.Run(k.name, func(t *testing.T) {
+			t.Parallel() // each on a server of its own, mostly waiting out a TTL
 			s := redistest.Start(t)
 			c, in := reviewClient(t, s, 5*time.Second, nil,
 				faults.Rule{Script: k.acq, Kind: faults.DelayReply, Calls: []int{2}, Min: lateDelay, Max: lateDelay},
@@ -204,6 +205,7 @@ func TestLateGrantInLine(t *testing.T) {
 func TestLateGrantFirstLookKinds(t *testing.T) {
 	for _, k := range lateKinds() {
 		t.Run(k.name, func(t *testing.T) {
+			t.Parallel() // each on a server of its own, mostly waiting out a TTL
 			s := redistest.Start(t)
 			c, in := reviewClient(t, s, 5*time.Second, nil,
 				faults.Rule{Script: k.acq, Kind: faults.DelayReply, Calls: []int{1}, Min: lateDelay, Max: lateDelay},
@@ -244,6 +246,7 @@ func TestLateGrantFirstLookKinds(t *testing.T) {
 func TestMultiLockLateGrant(t *testing.T) {
 	for _, path := range []string{"group", "wait-first-look", "wait-in-line"} {
 		t.Run(path, func(t *testing.T) {
+			t.Parallel() // each on a server of its own, mostly waiting out a TTL
 			s := redistest.Start(t)
 			var rules []faults.Rule
 			switch path {
@@ -371,6 +374,7 @@ func TestLateHandOverInLine(t *testing.T) {
 	for _, mode := range []string{"fair", "mutex", "semaphore"} {
 		for _, delay := range []time.Duration{1500 * time.Millisecond, 3500 * time.Millisecond} {
 			t.Run(fmt.Sprintf("%s/%v", mode, delay), func(t *testing.T) {
+				t.Parallel() // each on a server of its own, mostly waiting out a TTL
 				var k lateKind
 				for _, kk := range lateKinds() {
 					if kk.name == mode {
