@@ -68,12 +68,12 @@ vet:
 # other packages under -race (about 2.5 minutes), so that the two sides
 # end at about the same time. The rueidis pass also runs rueidisdlock's
 # own tests without -race, for its allocation counts. The background
-# job's output follows the foreground's. -parallel 4 is for the few tests
-# whose cases each wait out a TTL on a server of their own (t.Parallel):
-# four at once, though the machine has two cores.
+# job's output follows the foreground's. In the root package, -parallel 4
+# is for the few tests whose cases each wait out a TTL on a server of their
+# own (t.Parallel): four at once, though the machine has two cores;
+# cmd/dlock's parallel tests keep the default (two at once).
 RUEIDIS_PASS = DLOCK_DRIVER=rueidis $(GO) test -count=1 -parallel 4 -timeout 20m . ./rueidisdlock
 INTEROP_PASS = cd interop && $(GO) test -count=1 -timeout 2m ./...
-RACE_FRONT = . ./cmd/dlock
 RACE_BACK = $$($(GO) list ./... | grep -v -x -e github.com/dlock-go/dlock -e github.com/dlock-go/dlock/cmd/dlock)
 test: redis-server cc interop-deps vet
 	@log=$$(mktemp); \
@@ -82,8 +82,9 @@ test: redis-server cc interop-deps vet
 	  echo '$(GO) test -race -p 1 -count=1 -timeout 15m (the other packages)' >>$$log; \
 	  $(GO) test -race -p 1 -count=1 -timeout 15m $(RACE_BACK) >>$$log 2>&1 || rc=1; \
 	  echo $$rc >$$log.rc; } & \
-	echo '$(GO) test -race -p 1 -count=1 -parallel 4 -timeout 25m $(RACE_FRONT)  (and, at the same time: $(RUEIDIS_PASS); then $(INTEROP_PASS); then the other packages under -race)'; \
-	$(GO) test -race -p 1 -count=1 -parallel 4 -timeout 25m $(RACE_FRONT); rc=$$?; \
+	echo '$(GO) test -race -count=1 -parallel 4 -timeout 25m .; then $(GO) test -race -count=1 -timeout 10m ./cmd/dlock  (and, at the same time: $(RUEIDIS_PASS); then $(INTEROP_PASS); then the other packages under -race)'; \
+	$(GO) test -race -count=1 -parallel 4 -timeout 25m .; rc=$$?; \
+	$(GO) test -race -count=1 -timeout 10m ./cmd/dlock || rc=1; \
 	wait; echo '$(RUEIDIS_PASS)'; cat $$log; rc2=$$(cat $$log.rc); rm -f $$log $$log.rc; \
 	test $$rc = 0 && test $$rc2 = 0
 
