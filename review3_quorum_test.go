@@ -157,9 +157,10 @@ func TestReview3QuorumFarCounterDoesNotStick(t *testing.T) {
 		}
 	}
 	// The first name's grant meets the cap; the others' take the proposal
-	// (a loaded machine makes a few miss it: see
-	// TestQuorumProposedFenceSavesRaise). Stuck at the cap, all would.
-	if raised > grants/2 {
+	// (a loaded machine makes some miss it: see
+	// TestQuorumProposedFenceSavesRaise; 11 of 20 in one run beside the
+	// rueidis pass and other work). Stuck at the cap, all 20 do.
+	if raised > grants*3/4 {
 		t.Errorf("%d of %d grants of another name needed a raise after one name's counter was far ahead", raised, grants)
 	}
 }
