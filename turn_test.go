@@ -240,6 +240,19 @@ func TestTurnEndsForASlowClient(t *testing.T) {
 	turnEndsFor(t, s, a, b, "turn-slow")
 }
 
+// TestTurnEndsForAnotherClientWhenRecordsAreSlow is
+// TestTurnEndsForAnotherClient with the first Client's pass records 5ms
+// late, longer than a hold: its holders pass the lock on ahead of their
+// records, and a record finding nobody at Redis raises the turn of all of
+// them. Once the other Client's waiter is in line, the records after it
+// see it, and that chain's turn stops growing too.
+func TestTurnEndsForAnotherClientWhenRecordsAreSlow(t *testing.T) {
+	s := redistest.Start(t)
+	a, _ := faultyClient(t, s, faults.Rule{Script: "pass", Kind: faults.DelaySend, P: 1, Min: 5 * time.Millisecond, Max: 5 * time.Millisecond})
+	b, _ := newClient(t, s)
+	turnEndsFor(t, s, a, b, "turn-slow-records-b")
+}
+
 // turnEndsFor runs three waiters of a passing the lock name among
 // themselves, then a Lock of b: from the moment b's waiter has its place in
 // the line at Redis, a grants it a turn's worth of grants at most.
