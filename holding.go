@@ -85,6 +85,9 @@ type holding struct {
 	// queue.go); 0: none. Set before the holding is shared or by the pass
 	// to it, raised by extendTurn.
 	turnEnd uint64
+	// Pending: how many pass records, the one of the pass that made it
+	// included, may land before its own (set by that pass; see passOn).
+	records int
 
 	// Set before the holding is shared.
 	contended bool // obtained after waiting: its release is likely awaited
@@ -190,6 +193,7 @@ func (h *holding) passedIn(p *pass, now time.Time) {
 	h.busy, h.inRecord = true, true
 	h.setFence(p.fence)
 	h.turnEnd = p.turnEnd
+	h.records = p.records
 	h.contended = true
 	// Until the record lands the lock expires when the passer's would;
 	// once it runs, ttl after it: whichever comes first. (Only the

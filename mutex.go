@@ -163,5 +163,7 @@ func (mutexProto) giveBack(ctx context.Context, lk *lock, token string) error {
 }
 
 // passMargin is the least a holder's lease must have left for it to be
-// passed on: the new holder relies on it until the pass is recorded.
+// passed on, for each record that must land before the new holder's (its
+// own, and those still in flight ahead of it: see passOn): the new holder
+// relies on it until the pass is recorded.
 const passMargin = 50 * time.Millisecond

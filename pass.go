@@ -41,6 +41,7 @@ type pass struct {
 	fence    uint64    // from.fence + 1
 	deadline time.Time // the passer's: the lock is its token's until the record lands
 	turnEnd  uint64
+	records  int           // this record, and those ahead of it that may be in flight
 	ahead    bool          // made before from's own record landed: this record waits for it
 	done     chan struct{} // closed once both holdings are settled
 }

@@ -267,13 +267,22 @@ func (c *Client) passOn(h *holding, ahead bool) *pass {
 		return nil // every grant goes through Redis, to be acknowledged
 	}
 	h.mu.Lock()
-	deadline, turnEnd := h.deadline, h.turnEnd
+	deadline, turnEnd, records := h.deadline, h.turnEnd, 1
+	if ahead {
+		// Our record, and those ahead of it, land before this one: the
+		// new lease lives on our deadline until then, inherited along
+		// the chain from the last holder whose record had landed. Once
+		// it is short, the chain ends: our own record first, then a pass
+		// with the deadline it proves. (Turns that go on while nobody
+		// waits at Redis no longer end it.)
+		records += h.records
+	}
 	h.mu.Unlock()
 	if turnEnd == 0 {
 		return nil // not taken through Redis in default mode: no turn
 	}
 	now := time.Now()
-	if deadline.Sub(now) < passMargin {
+	if deadline.Sub(now) < time.Duration(records)*passMargin {
 		return nil
 	}
 	c.mu.Lock()
@@ -289,7 +298,7 @@ func (c *Client) passOn(h *holding, ahead bool) *pass {
 	if !w.asleep || w.seq > turnEnd || len(w.box) != 0 {
 		return nil
 	}
-	p := &pass{from: h, to: w.h, fence: h.fence + 1, deadline: deadline, turnEnd: turnEnd, ahead: ahead, done: make(chan struct{})}
+	p := &pass{from: h, to: w.h, fence: h.fence + 1, deadline: deadline, turnEnd: turnEnd, records: records, ahead: ahead, done: make(chan struct{})}
 	w.h.passedIn(p, now)
 	if c.passHook != nil {
 		c.passHook(h, w.h)
