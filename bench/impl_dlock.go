@@ -59,6 +59,16 @@ func init() {
 		},
 	})
 	register(&impl{
+		name:  "dlock-otel-traces",
+		order: 18,
+		settings: func(e *env) string {
+			return fmt.Sprintf("as dlock-otel with traces only: dlock.New(shared go-redis client, dlock.WithTracerProvider(OTel SDK TracerProvider, default sampler, no exporter)); Client.Mutex(key, dlock.TTL(%v))", e.ttl)
+		},
+		open: func(e *env) (locker, error) {
+			return openDlockOn(e, dlock.New(e.rdb, dlock.WithTracerProvider(sdktrace.NewTracerProvider())))
+		},
+	})
+	register(&impl{
 		name:  "dlock-otel-sampled",
 		order: 17,
 		settings: func(e *env) string {
