@@ -136,6 +136,16 @@ func checkLateOutcome(t *testing.T, ctx context.Context, k lateKind, in *faults.
 	}
 }
 
+// lateClient is a Client on s whose acquire call number call of kind k
+// is replied past the lease's validity, and whose first give-back is run
+// late as well, 400ms on (faults.RunLate).
+func lateClient(t *testing.T, s *redistest.Server, k lateKind, call int) (*dlock.Client, *faults.Injector) {
+	t.Helper()
+	return reviewClient(t, s, 5*time.Second, nil,
+		faults.Rule{Script: k.acq, Kind: faults.DelayReply, Calls: []int{call}, Min: lateDelay, Max: lateDelay},
+		faults.Rule{Script: k.give, Kind: faults.RunLate, Calls: []int{1}, Min: 400 * time.Millisecond, Max: 400 * time.Millisecond})
+}
+
 // TestLateGrantInLine: a Lock that waits in line (its first look found the
 // lock held) is granted by a look of its own whose reply comes past the
 // lease's validity, and the release of its give-back is answered to nobody
@@ -151,9 +161,7 @@ func TestLateGrantInLine(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			t.Parallel() // each on a server of its own, mostly waiting out a TTL
 			s := redistest.Start(t)
-			c, in := reviewClient(t, s, 5*time.Second, nil,
-				faults.Rule{Script: k.acq, Kind: faults.DelayReply, Calls: []int{2}, Min: lateDelay, Max: lateDelay},
-				faults.Rule{Script: k.give, Kind: faults.RunLate, Calls: []int{1}, Min: 400 * time.Millisecond, Max: 400 * time.Millisecond})
+			c, in := lateClient(t, s, k, 2)
 			cs, rdb := newClients(t, s, 2)
 			x, y := cs[0], cs[1]
 			ctx := ctxT(t, 40*time.Second)
@@ -207,9 +215,7 @@ func TestLateGrantFirstLookKinds(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			t.Parallel() // each on a server of its own, mostly waiting out a TTL
 			s := redistest.Start(t)
-			c, in := reviewClient(t, s, 5*time.Second, nil,
-				faults.Rule{Script: k.acq, Kind: faults.DelayReply, Calls: []int{1}, Min: lateDelay, Max: lateDelay},
-				faults.Rule{Script: k.give, Kind: faults.RunLate, Calls: []int{1}, Min: 400 * time.Millisecond, Max: 400 * time.Millisecond})
+			c, in := lateClient(t, s, k, 1)
 			cs, rdb := newClients(t, s, 1)
 			y := cs[0]
 			ctx := ctxT(t, 30*time.Second)
