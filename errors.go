@@ -21,10 +21,10 @@ var (
 	// the lease it granted may have expired; in quorum mode, a majority that
 	// answered too late or whose fence could not be raised): such a grant is
 	// given back. A Lock's first look then tries again, with a new owner
-	// token; a Lock already waiting in the line (whose token the line
-	// knows), and a MultiLock's Lock, return ErrNotObtained instead, as
-	// they do for a hand-over or a pass that reached them only after the
-	// lease it granted may have expired.
+	// token, and a MultiLock's Lock starts over with one; a Lock already
+	// waiting in the line (whose token the line knows) returns
+	// ErrNotObtained instead, as it does for a hand-over or a pass that
+	// reached it only after the lease it granted may have expired.
 	ErrNotObtained = errors.New("dlock: not obtained")
 	// ErrLockLost means a lease is no longer held: it expired, was deleted or
 	// overwritten, or renewal could not reach Redis before its deadline. It is

@@ -140,6 +140,9 @@ func (m *MultiLock) Lock(ctx context.Context) (*Lease, error) {
 		if !again {
 			return l, err
 		}
+		if err != nil {
+			m.c.cfg.logger.Debug("dlock: multi lock starts over with a new token", "locks", m.label, "err", err)
+		}
 	}
 }
 
@@ -194,7 +197,7 @@ func (t *take) lock(ctx context.Context) (l *Lease, err error, again bool) {
 			switch {
 			case err != nil:
 				t.undo(ctx)
-				return nil, err, false
+				return nil, err, t.startOver(ctx, err)
 			case took:
 				continue
 			}
@@ -214,11 +217,20 @@ func (t *take) lock(ctx context.Context) (l *Lease, err error, again bool) {
 				// the lease it was passed on to.
 				t.doubt[blocked] = false
 				t.undo(ctx)
-				return nil, err, false
+				return nil, err, t.startOver(ctx, err)
 			}
 		}
 	}
 	return t.lease(), nil, false
+}
+
+// startOver reports whether a take that failed with err, and gave back
+// what it held, starts over with a new token rather than fail: err is a
+// grant given back because it came too late (its token is spent: see
+// spentToken), not one the replicas did not confirm (which fails closed),
+// and the call may still wait.
+func (t *take) startOver(ctx context.Context, err error) bool {
+	return spent(err) && !errors.Is(err, ErrNotReplicated) && ctx.Err() == nil && !t.m.c.closed.Load()
 }
 
 // waitFor waits for part i as Mutex.Lock does, holding only parts before
