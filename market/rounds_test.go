@@ -76,6 +76,13 @@ func TestMedianRowsShowMedianRound(t *testing.T) {
 	if !containsSub(rep.notes, "(round 3): check failed") {
 		t.Errorf("notes %q do not name the failed round", rep.notes)
 	}
+	var svg bytes.Buffer
+	if err := WriteSVG(&svg, roundsOf(0.7, 1.2, 1.1)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(svg.String(), "5/5 fine: 8,500 bought") || strings.Contains(svg.String(), "8,000 bought") {
+		t.Errorf("the chart does not show fine's median round (8,500 bought):\n%s", svg.String())
+	}
 	var out bytes.Buffer
 	WriteSummary(&out, roundsOf(0.7, 1.2, 1.1))
 	if !strings.Contains(out.String(), "the median of 3 rounds") {
