@@ -197,7 +197,8 @@ func (t *take) lock(ctx context.Context) (l *Lease, err error, again bool) {
 			switch {
 			case err != nil:
 				t.undo(ctx)
-				return nil, err, t.startOver(ctx, err)
+				err, again := t.startOver(ctx, err)
+				return nil, err, again
 			case took:
 				continue
 			}
@@ -217,7 +218,8 @@ func (t *take) lock(ctx context.Context) (l *Lease, err error, again bool) {
 				// the lease it was passed on to.
 				t.doubt[blocked] = false
 				t.undo(ctx)
-				return nil, err, t.startOver(ctx, err)
+				err, again := t.startOver(ctx, err)
+				return nil, err, again
 			}
 		}
 	}
@@ -228,9 +230,19 @@ func (t *take) lock(ctx context.Context) (l *Lease, err error, again bool) {
 // what it held, starts over with a new token rather than fail: err is a
 // grant given back because it came too late (its token is spent: see
 // spentToken), not one the replicas did not confirm (which fails closed),
-// and the call may still wait.
-func (t *take) startOver(ctx context.Context, err error) bool {
-	return spent(err) && !errors.Is(err, ErrNotReplicated) && ctx.Err() == nil && !t.m.c.closed.Load()
+// and the call may still wait. If it may not, the call ends as any wait
+// does: ErrClosed after Close, or an error that errors.Is ctx.Err(), not
+// the spent grant's ErrNotObtained.
+func (t *take) startOver(ctx context.Context, err error) (error, bool) {
+	switch {
+	case !spent(err) || errors.Is(err, ErrNotReplicated):
+		return err, false
+	case t.m.c.closed.Load():
+		return nameErr(t.m.label, ErrClosed), false
+	case ctx.Err() != nil:
+		return (&lock{name: t.m.label}).fail(ctx, ctx.Err()), false
+	}
+	return err, true
 }
 
 // waitFor waits for part i as Mutex.Lock does, holding only parts before
