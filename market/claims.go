@@ -1,7 +1,6 @@
 package market
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -117,21 +116,19 @@ func claims(rs []Result) []claim {
 		if r, n := med(func(c map[string]Result) float64 { return div(c[VariantWatch].Retries, c[VariantWatch].Bought) }, VariantWatch); n > 0 {
 			add(r > 1,
 				"WATCH starts most purchases over: %s restarts per item bought%s (a purchase aborts whenever another client changed the market first)",
-				perf(r), of(n))
+				per(r), of(n))
 		}
 		if heavy(l) {
 			if r, n := med(func(c map[string]Result) float64 { return div(c[VariantFine].Bought, c[VariantWatch].Bought) }, VariantWatch, VariantFine); n > 0 {
 				add(r >= fineOverWatch,
 					"a lock per item beats WATCH under contention: the book's fine lock bought %s as many items as WATCH%s (%g× or more expected: buyers of different items no longer undo each other's work)",
-					ratiof(r), of(n), fineOverWatch)
+					ratio(r), of(n), fineOverWatch)
 			}
 		}
-		if _, n := med(func(c map[string]Result) float64 { return 0 }, VariantDlockCoarse); n > 0 && heavy(l) {
-			// Only where someone always wants the lock: with fewer
-			// workers it is often free because nobody asks for it. With
-			// rounds, every figure is the median round's (by its share).
-			dc := medianOf(cells[l], VariantDlockCoarse, func(r Result) float64 { return r.CeilingShare })
-			share := dc.CeilingShare
+		// Only where someone always wants the lock: with fewer workers it
+		// is often free because nobody asks for it. With rounds, every
+		// figure is the median round's (by its share).
+		if dc, n := medianOf(cells[l], VariantDlockCoarse, func(r Result) float64 { return r.CeilingShare }); n > 0 && heavy(l) {
 			then := ""
 			if cs, m := med(func(c map[string]Result) float64 { return c[VariantCoarse].CeilingShare }, VariantCoarse); m > 0 {
 				then = fmt.Sprintf("; the book's coarse lock %s, as its waiters see it free only at their next try, 1 ms apart", pct(cs))
@@ -141,10 +138,10 @@ func claims(rs []Result) []claim {
 			if dc.CriticalSection > 0 {
 				ceiling = 1 / dc.CriticalSection.Seconds()
 			}
-			add(dc.LockSections > 0 && share >= coarseCeiling,
+			add(dc.LockSections > 0 && dc.CeilingShare >= coarseCeiling,
 				"dlock-coarse runs its critical sections one right after another: %s a second (%s of them purchases), %s of the %s a second that sections of their mean length, %s, allow back to back%s (%s or more expected%s)",
 				count(int64(float64(dc.LockSections)/secs+0.5)), count(int64(float64(dc.Bought)/secs+0.5)),
-				pct(share), count(int64(ceiling+0.5)), dur(dc.CriticalSection), of(n), pct(coarseCeiling), then)
+				pct(dc.CeilingShare), count(int64(ceiling+0.5)), dur(dc.CriticalSection), of(n), pct(coarseCeiling), then)
 		}
 		// p99 is of the calls that completed in the row's time: those
 		// still waiting at its end, the slowest, are not in it. More than
@@ -153,8 +150,8 @@ func claims(rs []Result) []claim {
 		if r, n := med(func(c map[string]Result) float64 {
 			return float64(c[VariantDlockCoarse].All.P99) / float64(c[VariantCoarse].All.P99)
 		}, VariantDlockCoarse, VariantCoarse); n > 0 {
-			dc := medianOf(cells[l], VariantDlockCoarse, func(r Result) float64 { return float64(r.All.P99) })
-			coarse := medianOf(cells[l], VariantCoarse, func(r Result) float64 { return float64(r.All.P99) })
+			dc, _ := medianOf(cells[l], VariantDlockCoarse, func(r Result) float64 { return float64(r.All.P99) })
+			coarse, _ := medianOf(cells[l], VariantCoarse, func(r Result) float64 { return float64(r.All.P99) })
 			hung := 0
 			for _, c := range cells[l] {
 				if dc, ok := c[VariantDlockCoarse]; ok && (dc.Calls == 0 || 100*dc.InFlight > dc.Calls) {
@@ -178,17 +175,17 @@ func claims(rs []Result) []claim {
 				return float64(c[VariantDlockFine].All.P99) / float64(c[VariantFine].All.P99)
 			}, VariantDlockFine, VariantFine)
 			if n > 0 {
-				df := medianOf(cells[l], VariantDlockFine, func(r Result) float64 { return float64(r.All.P99) })
-				fine := medianOf(cells[l], VariantFine, func(r Result) float64 { return float64(r.All.P99) })
+				df, _ := medianOf(cells[l], VariantDlockFine, func(r Result) float64 { return float64(r.All.P99) })
+				fine, _ := medianOf(cells[l], VariantFine, func(r Result) float64 { return float64(r.All.P99) })
 				const expected = "(as many or more, with a p99 no longer, expected: it replaces that lock and adds expiry, renewal and fencing)"
 				if rounds > 1 {
 					add(bought >= 1 && p99 <= 1,
 						"dlock costs no purchases: round by round, dlock-fine bought a median %s what the book's fine lock bought, with a p99 a median %s the book's (%s; median p99s %s and %s) "+expected,
-						ratiof(bought), ratiof(p99), plural(n, "round"), dur(df.All.P99), dur(fine.All.P99))
+						ratio(bought), ratio(p99), plural(n, "round"), dur(df.All.P99), dur(fine.All.P99))
 				} else {
 					add(bought >= 1 && p99 <= 1,
 						"dlock costs no purchases: dlock-fine bought %s what the book's fine lock bought, p99 %s against %s "+expected,
-						ratiof(bought), dur(df.All.P99), dur(fine.All.P99))
+						ratio(bought), dur(df.All.P99), dur(fine.All.P99))
 				}
 			}
 		}
@@ -200,9 +197,9 @@ func claims(rs []Result) []claim {
 func pct(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) }
 
 // medianOf returns variant's cell of the round whose f is the median (the
-// lower median of an even count) among rounds, or the zero Result if it
-// ran in none.
-func medianOf(rounds map[int]map[string]Result, variant string, f func(Result) float64) Result {
+// lower median of an even count) among rounds, and in how many rounds it
+// ran (0: none, and the zero Result).
+func medianOf(rounds map[int]map[string]Result, variant string, f func(Result) float64) (Result, int) {
 	var rs []Result
 	for _, c := range rounds {
 		if r, ok := c[variant]; ok {
@@ -210,32 +207,24 @@ func medianOf(rounds map[int]map[string]Result, variant string, f func(Result) f
 		}
 	}
 	if len(rs) == 0 {
-		return Result{}
+		return Result{}, 0
 	}
-	slices.SortStableFunc(rs, func(a, b Result) int { return cmp.Compare(f(a), f(b)) })
-	return rs[(len(rs)-1)/2]
+	return lowerMedian(rs, f), len(rs)
 }
 
-// ratiof formats a ratio as ratio does, from its value.
-func ratiof(r float64) string {
+// ratio formats a ratio as "1.23×" (an infinite one: a ÷ 0).
+func ratio(r float64) string {
 	if math.IsInf(r, 1) {
 		return "n/a (÷ 0)"
 	}
 	return sig3(r) + "×"
 }
 
-// perf formats a ratio with one decimal, as per does.
-func perf(r float64) string {
+// per formats restarts per item bought with one decimal (infinite: none
+// bought).
+func per(r float64) string {
 	if math.IsInf(r, 1) {
 		return "n/a (nothing bought)"
 	}
 	return fmt.Sprintf("%.1f", r)
-}
-
-// per formats a ÷ b with one decimal, "n/a" when b is 0.
-func per(a, b int64) string {
-	if b == 0 {
-		return "n/a (nothing bought)"
-	}
-	return fmt.Sprintf("%.1f", float64(a)/float64(b))
 }

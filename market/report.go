@@ -238,11 +238,17 @@ func medianRows(rs []Result) []Result {
 			out = append(out, cells[i])
 			continue
 		}
-		sorted := slices.Clone(cells)
-		slices.SortStableFunc(sorted, func(a, b Result) int { return cmp.Compare(a.Bought, b.Bought) })
-		out = append(out, sorted[(len(sorted)-1)/2])
+		out = append(out, lowerMedian(cells, func(r Result) float64 { return float64(r.Bought) }))
 	}
 	return out
+}
+
+// lowerMedian returns the cell of rs (not empty) whose f is the median,
+// the lower one of an even count.
+func lowerMedian(rs []Result, f func(Result) float64) Result {
+	sorted := slices.Clone(rs)
+	slices.SortStableFunc(sorted, func(a, b Result) int { return cmp.Compare(f(a), f(b)) })
+	return sorted[(len(sorted)-1)/2]
 }
 
 // writeRemarks prints the skipped cells, the notes and the claims.
@@ -377,16 +383,6 @@ func plural(n int, noun string) string {
 		return "1 " + noun
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
-}
-
-func ratio(a, b int64) string {
-	if b == 0 {
-		if a == 0 {
-			return "n/a (0 ÷ 0)"
-		}
-		return fmt.Sprintf("%s ÷ 0", count(a))
-	}
-	return sig3(float64(a)/float64(b)) + "×"
 }
 
 // column is one column of a plain-text table.

@@ -57,20 +57,68 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	rates := map[int]float64{} // pingRate by number of listers
 
-	total := 0
-	for _, name := range cfg.Variants {
-		if skipReason(cfg, specFor(name)) != "" {
-			total += len(cfg.Loads) // in the first round only
-		} else {
-			total += cfg.Rounds * len(cfg.Loads)
+	// Every round runs every load with every variant; a cell skipped for
+	// want of a Locker is reported in the first round only.
+	type planned struct {
+		round int
+		load  Load
+		spec  *variantSpec
+		skip  string
+	}
+	var plan []planned
+	for round := 1; round <= cfg.Rounds; round++ {
+		for _, load := range cfg.Loads {
+			for _, name := range cfg.Variants {
+				spec := specFor(name)
+				skip := skipReason(cfg, spec)
+				if skip == "" || round == 1 {
+					plan = append(plan, planned{round, load, spec, skip})
+				}
+			}
 		}
 	}
 	var results []Result
 	var failed []string
-	n := 0
-	for round := 1; round <= cfg.Rounds; round++ {
-		if err := runRound(ctx, cfg, admin, round, rates, total, &n, &results, &failed); err != nil {
-			return results, err
+	for n, c := range plan {
+		load, name := c.load, c.spec.name
+		tag := fmt.Sprintf("[%d/%d]", n+1, len(plan))
+		where := fmt.Sprintf("%s %s", load, name)
+		if cfg.Rounds > 1 {
+			tag += fmt.Sprintf(" round %d", c.round)
+			where += fmt.Sprintf(" (round %d)", c.round)
+		}
+		if c.skip != "" {
+			r := baseResult(cfg, load, c.spec)
+			r.Round, r.Skipped = c.round, c.skip
+			results = append(results, r)
+			progressf(cfg.Progress, "%s %-5s %-16s skipped: %s\n", tag, load, name, r.Skipped)
+			continue
+		}
+		if _, ok := rates[load.Listers]; !ok {
+			if rates[load.Listers], err = pingRate(ctx, cfg.NewClient, load.Listers); err != nil {
+				return results, fmt.Errorf("market: measuring round trips: %w", err)
+			}
+		}
+		inv := inventoryFor(cfg.Duration, rates[load.Listers], c.spec.listTrips)
+		if cfg.inventory > 0 {
+			inv = cfg.inventory
+		}
+		r, err := runCell(ctx, cfg, admin, load, c.spec, inv, tag)
+		// Rerun a cell whose lister ran out; never hide a failed check.
+		if err == nil && !r.Valid && r.Check == nil {
+			progressf(cfg.Progress, "%s %-5s %-16s %s; running it again with %d× the inventory\n", tag, load, name, r.Invalid, rerunFactor)
+			note := fmt.Sprintf("rerun: the first run was invalid (%s)", r.Invalid)
+			r, err = runCell(ctx, cfg, admin, load, c.spec, inv*rerunFactor, tag)
+			r.Notes = append(r.Notes, note)
+		}
+		if err != nil {
+			return results, fmt.Errorf("market: %s: %w", where, err)
+		}
+		r.Round = c.round
+		results = append(results, r)
+		progressf(cfg.Progress, "%s %s\n", tag, cellLine(r))
+		if r.Check != nil {
+			failed = append(failed, fmt.Sprintf("%s: %v", where, r.Check))
 		}
 	}
 	// Leave the database as empty as it was found.
@@ -79,69 +127,6 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		return results, &CheckError{Cells: failed}
 	}
 	return results, nil
-}
-
-// runRound runs every load with every variant once, as round round of
-// Run, appending to results (and to failed the cells whose check failed);
-// n counts the cells of every round so far, of total. A cell skipped for
-// want of a Locker is reported in the first round only.
-func runRound(ctx context.Context, cfg Config, admin redis.UniversalClient, round int, rates map[int]float64, total int, n *int, results *[]Result, failed *[]string) error {
-	var err error
-	tagOf := func() string {
-		if cfg.Rounds > 1 {
-			return fmt.Sprintf("[%d/%d] round %d", *n, total, round)
-		}
-		return fmt.Sprintf("[%d/%d]", *n, total)
-	}
-	for _, load := range cfg.Loads {
-		for _, name := range cfg.Variants {
-			spec := specFor(name)
-			if reason := skipReason(cfg, spec); reason != "" {
-				if round > 1 {
-					continue
-				}
-				*n++
-				r := baseResult(cfg, load, spec)
-				r.Round = round
-				r.Skipped = reason
-				*results = append(*results, r)
-				progressf(cfg.Progress, "%s %-5s %-16s skipped: %s\n", tagOf(), load, name, r.Skipped)
-				continue
-			}
-			*n++
-			if _, ok := rates[load.Listers]; !ok {
-				if rates[load.Listers], err = pingRate(ctx, cfg.NewClient, load.Listers); err != nil {
-					return fmt.Errorf("market: measuring round trips: %w", err)
-				}
-			}
-			inv := inventoryFor(cfg.Duration, rates[load.Listers], spec.listTrips)
-			if cfg.inventory > 0 {
-				inv = cfg.inventory
-			}
-			r, err := runCell(ctx, cfg, admin, load, spec, inv, tagOf())
-			// Rerun a cell whose lister ran out; never hide a failed check.
-			if err == nil && !r.Valid && r.Check == nil {
-				progressf(cfg.Progress, "%s %-5s %-16s %s; running it again with %d× the inventory\n", tagOf(), load, name, r.Invalid, rerunFactor)
-				note := fmt.Sprintf("rerun: the first run was invalid (%s)", r.Invalid)
-				r, err = runCell(ctx, cfg, admin, load, spec, inv*rerunFactor, tagOf())
-				r.Notes = append(r.Notes, note)
-			}
-			r.Round = round
-			if err != nil {
-				return fmt.Errorf("market: %s %s: %w", load, name, err)
-			}
-			*results = append(*results, r)
-			progressf(cfg.Progress, "%s %s\n", tagOf(), cellLine(r))
-			if r.Check != nil {
-				where := fmt.Sprintf("%s %s", load, name)
-				if cfg.Rounds > 1 {
-					where += fmt.Sprintf(" (round %d)", round)
-				}
-				*failed = append(*failed, fmt.Sprintf("%s: %v", where, r.Check))
-			}
-		}
-	}
-	return nil
 }
 
 // skipReason says why a variant cannot run with cfg's Locker ("": it can).
