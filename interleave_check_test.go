@@ -254,7 +254,7 @@ func (w *interleaving) lateGrants(ic *ilClient, ttl time.Duration, l *dlock.Leas
 		// (A MultiLock's lease: each name from the acquires that named it.)
 		deadline, key := dlock.Deadline(partOf(l, name)), w.hashOf(name)
 		kept := ic.ins[0].Events(func(e faults.Event) bool {
-			return e.Kind == faults.DelayReply && e.Delay >= ttl && slices.Contains(acquire, e.Call.Script) && outsideLine(e.Call) &&
+			return e.Kind == faults.DelayReply && e.Delay >= ttl && slices.Contains(acquire, e.Call.Script) &&
 				e.Call.Has(tok) && (!w.manyNames() || e.Call.Has(key)) && deadline.Before(w.epoch.Add(e.At+e.Delay))
 		})
 		if len(kept) > 0 {
@@ -265,6 +265,10 @@ func (w *interleaving) lateGrants(ic *ilClient, ttl time.Duration, l *dlock.Leas
 		}
 	}
 }
+
+// inLine reports whether c is an acquire that a waiter in the line makes
+// (the looks that keep its place).
+func inLine(c faults.Call) bool { return !outsideLine(c) }
 
 // manyNames reports whether the run locks several names (kind multi).
 func (w *interleaving) manyNames() bool { return len(w.pool) > 1 }
@@ -306,10 +310,7 @@ func (o *ilLease) describe() string {
 // outsideLine reports whether c is an acquire that takes no place in the
 // line (a Try call's, or a Lock's first look): acquire.lua with KEYS[1]
 // alone, fair_acquire.lua or sem.lua's "a" with join (ARGV[4], ARGV[5])
-// "0", and every multi_acquire.lua and str_acquire.lua. The late rule spares the looks of waiters in line: a hand-over
-// heard after a late look is dated from that look's send, which has passed
-// (the lease comes back ended, never believed valid), and lateGrants could
-// not tell it from a late grant kept.
+// "0", and every multi_acquire.lua and str_acquire.lua.
 func outsideLine(c faults.Call) bool {
 	switch c.Script {
 	case "acquire":

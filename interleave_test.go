@@ -454,6 +454,10 @@ func (w *interleaving) injector(seed uint64, slow float64) *faults.Injector {
 			// acquire.lua, half as often.)
 			{Script: acquire[0], Match: outsideLine, Kind: faults.DelayReply, P: late, Min: (ilLockTTL + 50) * ms, Max: time.Second},
 			{Script: acquire[len(acquire)-1], Match: outsideLine, Kind: faults.DelayReply, P: late / 2 * float64(len(acquire)-1), Min: (ilLockTTL + 50) * ms, Max: time.Second},
+			// A look of a waiter in line whose reply comes past the TTL:
+			// the grant it made is given back, and a hand-over heard after
+			// it is confirmed by an extension or given back.
+			{Script: acquire[len(acquire)-1], Match: inLine, Kind: faults.DelayReply, P: late / 4, Min: (ilLockTTL + 50) * ms, Max: time.Second},
 			{Script: "pass", Kind: faults.LoseReply, P: p, Max: 300 * ms},
 			{Script: "pass", Kind: faults.DelaySend, P: p, Max: 150 * ms},
 			{Script: "extend", Via: faults.Batch, Kind: faults.DelaySend, P: p, Max: 200 * ms}, // a renewal in flight for long
