@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -187,6 +188,11 @@ type op struct {
 	waited    bool
 	via       int
 	ended     bool // the call has returned: hooks of a later call must not use it
+
+	// kv holds the span's attributes as the call ends (see leaseAttrs):
+	// part of the op's one allocation, where a list of their own would be
+	// another (the SDK copies them).
+	kv [4]attribute.KeyValue
 }
 
 type opKey struct{}
@@ -223,7 +229,10 @@ func (o *observer) startAcquire(ctx *context.Context, lk *lock, call callKind) a
 	if o.m == nil && o.tr == nil && !debug {
 		return acqMark{}
 	}
-	m := acqMark{o: o, lk: lk, call: call, start: time.Now()}
+	m := acqMark{o: o, lk: lk, call: call}
+	if o.m != nil || debug { // spans read the clock themselves
+		m.start = time.Now()
+	}
 	if o.tr != nil || debug {
 		p := &op{Context: *ctx, lk: lk, sctx: *ctx}
 		if o.tr != nil {
@@ -247,7 +256,10 @@ func (m acqMark) end(l **Lease, err *error) {
 }
 
 func (o *observer) endAcquire(m acqMark, l *Lease, err error) {
-	took := time.Since(m.start)
+	var took time.Duration
+	if !m.start.IsZero() {
+		took = time.Since(m.start)
+	}
 	k := classify(err)
 	prim, mode := m.lk.class()
 	p := m.p
@@ -278,7 +290,7 @@ func (o *observer) endAcquire(m acqMark, l *Lease, err error) {
 	}
 	if p.span != nil {
 		if l != nil {
-			p.span.SetAttributes(o.leaseAttrs(m.lk, mode, fence, via)...)
+			p.span.SetAttributes(o.leaseAttrs(p.kv[:0], m.lk, mode, fence, via)...)
 		} else {
 			p.span.SetAttributes(o.spanAttrs(acqSpan[mode][k], m.lk)...)
 		}
@@ -512,7 +524,10 @@ func (o *observer) startRelease(ctx context.Context, l *Lease) relMark {
 	if o.m == nil && o.tr == nil && !o.debug(ctx) {
 		return relMark{}
 	}
-	r := relMark{o: o, l: l, ctx: ctx, start: time.Now()}
+	r := relMark{o: o, l: l, ctx: ctx}
+	if o.m != nil || o.debug(ctx) { // spans read the clock themselves
+		r.start = time.Now()
+	}
 	if o.tr != nil {
 		r.ctx, r.span = o.tr.Start(ctx, "dlock.Lease.Unlock")
 		if !r.span.IsRecording() {
@@ -531,7 +546,10 @@ func (r relMark) end(err *error) {
 
 func (o *observer) endRelease(r relMark, err error) {
 	h := r.l.h
-	took := time.Since(r.start)
+	var took time.Duration
+	if !r.start.IsZero() {
+		took = time.Since(r.start)
+	}
 	k := classify(err)
 	prim, mode := h.lk.class()
 	if o.m != nil {

@@ -378,9 +378,9 @@ func (o *observer) spanAttrs(pre []attribute.KeyValue, lk *lock) []attribute.Key
 }
 
 // leaseAttrs are the attributes of an acquiring call's span that obtained
-// a lease with fence, via via.
-func (o *observer) leaseAttrs(lk *lock, mode int, fence uint64, via int) []attribute.KeyValue {
-	kv := make([]attribute.KeyValue, 0, 5)
+// a lease with fence, via via, appended to kv (whose room they fill, but
+// for the name).
+func (o *observer) leaseAttrs(kv []attribute.KeyValue, lk *lock, mode int, fence uint64, via int) []attribute.KeyValue {
 	kv = append(kv, acqSpan[modeDefault][errNone][0], keyFence.Int64(int64(fence)), viaAttrs[via])
 	if mode != modeDefault {
 		kv = append(kv, modeAttr[mode])

@@ -13,8 +13,10 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 )
 
 func init() {
@@ -66,6 +68,20 @@ func init() {
 		},
 		open: func(e *env) (locker, error) {
 			return openDlockOn(e, dlock.New(e.rdb, dlock.WithTracerProvider(sdktrace.NewTracerProvider())))
+		},
+	})
+	register(&impl{
+		name:  "dlock-app-spans",
+		order: 19,
+		settings: func(e *env) string {
+			return fmt.Sprintf("the SDK's own cost of two recorded spans, with nothing of dlock's tracing: dlock as in dlock (no providers), each Lock and each Unlock wrapped by the bench in a span of an OTel SDK TracerProvider (default sampler, no exporter) with the attributes dlock's own spans of an uncontended cycle carry (dlock.outcome, dlock.fence and dlock.via on the Lock's, dlock.outcome on the Unlock's); Client.Mutex(key, dlock.TTL(%v))", e.ttl)
+		},
+		open: func(e *env) (locker, error) {
+			l, err := openDlock(e)
+			if err != nil {
+				return nil, err
+			}
+			return &appSpans{l: l, tr: sdktrace.NewTracerProvider().Tracer("bench")}, nil
 		},
 	})
 	register(&impl{
@@ -204,4 +220,47 @@ func (l *dlockLocker) TryLock(ctx context.Context, key string) (held, error) {
 		return nil, err
 	}
 	return dlockHeld{lease}, nil
+}
+
+// appSpans is the row dlock-app-spans: what an application that wraps
+// each Lock and Unlock in a recorded span of its own pays the SDK, the
+// floor under dlock's own tracing (dlock-otel-traces), which records the
+// same two spans with the same attributes.
+type appSpans struct {
+	l  *dlockLocker
+	tr trace.Tracer
+}
+
+var (
+	appAcquired = attribute.String("dlock.outcome", "acquired")
+	appLook     = attribute.String("dlock.via", "look")
+	appReleased = []attribute.KeyValue{attribute.String("dlock.outcome", "released")}
+)
+
+func (a *appSpans) Close() error { return a.l.Close() }
+
+func (a *appSpans) Lock(ctx context.Context, key string) (held, error) {
+	ctx, s := a.tr.Start(ctx, "dlock.Mutex.Lock")
+	h, err := a.l.Lock(ctx, key)
+	if err != nil {
+		s.SetAttributes(attribute.String("dlock.outcome", "error"))
+		s.End()
+		return nil, err
+	}
+	s.SetAttributes(appAcquired, attribute.Int64("dlock.fence", int64(h.(dlockHeld).l.Fence())), appLook)
+	s.End()
+	return &appHeld{l: h.(dlockHeld).l, tr: a.tr}, nil
+}
+
+type appHeld struct {
+	l  *dlock.Lease
+	tr trace.Tracer
+}
+
+func (h *appHeld) Unlock(ctx context.Context) error {
+	ctx, s := h.tr.Start(ctx, "dlock.Lease.Unlock")
+	err := h.l.Unlock(ctx)
+	s.SetAttributes(appReleased...)
+	s.End()
+	return err
 }
