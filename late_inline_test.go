@@ -282,9 +282,17 @@ func TestMultiLockLateGrant(t *testing.T) {
 			}
 			switch path {
 			case "wait-first-look":
+				// The group acquire is c's first script call, and the
+				// holder's first renewal is a third of its 4 s TTL away: the
+				// next EVALSHA the server runs is that acquire.
+				ran := evalshaCalls(t, ctx, rdb)
 				go func() {
-					waitFor(t, ctx, "the group acquire", func() bool { return lateFired(in, "multi_acquire") })
-					time.Sleep(100 * time.Millisecond) // it has run at Redis (refused at b); its reply is held back
+					// It has run at Redis (refused at b); its reply is held
+					// back. Waited for, not slept on: a holder gone before it
+					// ran would let it take both names.
+					waitFor(t, ctx, "the group acquire run at Redis", func() bool {
+						return lateFired(in, "multi_acquire") && evalshaCalls(t, ctx, rdb) > ran
+					})
 					if err := holder.Unlock(ctx); err != nil {
 						t.Error(err)
 					}

@@ -626,8 +626,15 @@ func TestOnlyHeadContends(t *testing.T) {
 
 func evalshaCalls(t *testing.T, ctx context.Context, rdb *redis.Client) int {
 	t.Helper()
+	return commandCalls(t, ctx, rdb, "evalsha")
+}
+
+// commandCalls is how many times the server ran cmd (as INFO commandstats
+// names it: "evalsha", "config|get").
+func commandCalls(t *testing.T, ctx context.Context, rdb *redis.Client, cmd string) int {
+	t.Helper()
 	for _, line := range strings.Split(rdb.Info(ctx, "commandstats").Val(), "\r\n") {
-		if v, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+		if v, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
 			n, _ := strconv.Atoi(v[:strings.IndexByte(v, ',')])
 			return n
 		}

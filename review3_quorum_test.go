@@ -11,7 +11,6 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -288,14 +287,12 @@ func TestReview3QuorumCloseRacesEverything(t *testing.T) {
 			// that every call returned.
 			continue
 		}
-		for end := time.Now().Add(2 * time.Second); ; time.Sleep(20 * ms) {
-			held := append(ownersOf(t, servers, name+"-0"), ownersOf(t, servers, name+"-1")...)
-			if strings.Join(held, "") == "" {
-				break
-			}
-			if time.Now().After(end) {
-				t.Fatalf("round %d: after Close and every worker returned, masters still hold the lock: %v", round, held)
-			}
+		// A give-back of a grant that came late runs on past Close (each
+		// within 5 s): waited for, 10 s at most (a loaded machine may take
+		// more than the 2 s this allowed), half the 20 s TTL, so that a
+		// grant nothing gives back is still there when looked at.
+		for _, n := range []string{name + "-0", name + "-1"} {
+			freedOnAllWithin(t, servers, n, "round "+strconv.Itoa(round)+": after Close and every worker returned", 10*time.Second)
 		}
 	}
 }

@@ -43,8 +43,12 @@ func TestReviewManyChannelsResubscribedAfterReset(t *testing.T) {
 		v, _ := rdb.Do(ctx, "PUBSUB", "SHARDCHANNELS", "*many-*").Slice()
 		return len(v)
 	}
-	waitFor(t, ctx, "a waiter's channel subscribed", func() bool { return channels() > 0 })
-	time.Sleep(500 * time.Millisecond) // let the rest come: the count is taken as the whole
+	// The count is taken as the whole: two channels a waiter (its lock's
+	// and its Client's hand-over channel for that lock), waited for, not
+	// slept on (a hundred waits take their time to start on a loaded
+	// machine, and a count taken early is never seen again once the reset
+	// has placed every channel).
+	waitFor(t, ctx, fmt.Sprintf("the %d channels of %d waiters subscribed", 2*n, n), func() bool { return channels() >= 2*n })
 	all := channels()
 	if all < n {
 		t.Fatalf("%d channels subscribed for %d waiters", all, n)

@@ -195,12 +195,17 @@ func TestStringMutexWaitsForOtherLibrary(t *testing.T) {
 			c, rdb := newClient(t, s)
 			ctx := ctxT(t, 10*time.Second)
 			release := foreignTake(t, ctx, rdb, "shared", time.Minute)
+			asked := commandCalls(t, ctx, rdb, "config|get")
 			get := async(t, ctx, c.StringMutex("shared").Lock)
-			time.Sleep(100 * time.Millisecond) // it looks, and waits
-			// It listens for the key's keyspace events (whether or not the
-			// server sends them).
+			// It looks, and waits: it listens for the key's keyspace events
+			// (whether or not the server sends them), and asks the server
+			// whether it sends them (polling until it knows). Waited for,
+			// not slept on: looks counted before it knows are polls.
 			waitFor(t, ctx, "a subscriber of the key's keyspace channel", func() bool {
 				return rdb.PubSubNumSub(ctx, "__keyspace@0__:shared").Val()["__keyspace@0__:shared"] == 1
+			})
+			waitFor(t, ctx, "the waiter's question about notify-keyspace-events", func() bool {
+				return commandCalls(t, ctx, rdb, "config|get") > asked
 			})
 			before := evalshaCalls(t, ctx, rdb)
 			time.Sleep(700 * time.Millisecond)
@@ -311,9 +316,14 @@ func TestStringMutexClusterNotifyOnSomeNodes(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	for _, key := range []string{"a", off} {
 		release := foreignTake(t, ctx, rdb, key, time.Minute)
-		get := async(t, ctx, c.StringMutex(key).Lock)
-		time.Sleep(300 * time.Millisecond) // it looks, learns the node's setting, and waits
 		admin := master(key).Client(t)
+		asked := commandCalls(t, ctx, admin, "config|get")
+		get := async(t, ctx, c.StringMutex(key).Lock)
+		// It looks, learns the node's setting, and waits: waited for, not
+		// slept on (looks counted before it knows are polls).
+		waitFor(t, ctx, "the waiter's question about notify-keyspace-events on the key's master", func() bool {
+			return commandCalls(t, ctx, admin, "config|get") > asked
+		})
 		before := evalshaCalls(t, ctx, admin)
 		time.Sleep(700 * time.Millisecond)
 		looks := evalshaCalls(t, ctx, admin) - before
