@@ -20,11 +20,10 @@ var (
 	// else, or when a grant came too late to be valid (its reply came after
 	// the lease it granted may have expired; in quorum mode, a majority that
 	// answered too late or whose fence could not be raised): such a grant is
-	// given back. A Lock's first look then tries again, with a new owner
-	// token, and a MultiLock's Lock starts over with one; a Lock already
-	// waiting in the line (whose token the line knows) returns
-	// ErrNotObtained instead, as it does for a hand-over or a pass that
-	// reached it only after the lease it granted may have expired.
+	// given back. Lock does not return it for such a grant: it goes on
+	// waiting with a new owner token (as it does for a hand-over or a pass
+	// that reached it only after the lease it granted may have expired),
+	// and a MultiLock's Lock starts over with one.
 	ErrNotObtained = errors.New("dlock: not obtained")
 	// ErrLockLost means a lease is no longer held: it expired, was deleted or
 	// overwritten, or renewal could not reach Redis before its deadline. It is

@@ -122,3 +122,11 @@ func PartOf(l *Lease, name string) *Lease {
 	}
 	return nil
 }
+
+// Books returns how many locks c keeps waiters' books for, and how many
+// tokens of waiters in line it knows: both 0 once no Lock of c waits.
+func Books(c *Client) (locals, tokens int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.locals), len(c.byToken)
+}

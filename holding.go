@@ -61,6 +61,7 @@ type holding struct {
 	lk     *lock
 	token  string
 	parent context.Context // the ctx Lock was called with: the lease context's values come from it
+	n      int64           // the permits it takes (a semaphore's; see proto.prepare)
 	cmd    cmdline         // its prepared acquire and release command lines
 
 	mu       sync.Mutex
@@ -109,7 +110,7 @@ type holding struct {
 }
 
 func (l *lock) newHolding(ctx context.Context, n int64) *holding {
-	h := &holding{c: l.c, lk: l, token: l.c.tokens.next(), parent: ctx, ttl: l.ttl, holds: 1, idx: -1}
+	h := &holding{c: l.c, lk: l, token: l.c.tokens.next(), parent: ctx, n: n, ttl: l.ttl, holds: 1, idx: -1}
 	h.first.h = h
 	l.proto.prepare(h, n)
 	return h

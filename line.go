@@ -30,11 +30,54 @@ const subscribeWait = time.Second
 //
 // holder is the fence of the holder that the caller's look found, if it
 // looked (0: it did not).
+//
+// A grant that reaches the waiter too late to be valid (its look's reply,
+// a hand-over or a pass: see attempt, handedOver, passedTo) is given back,
+// and its token is spent: the wait goes on with a fresh holding, keeping
+// its place in this Client's queue (see startOver). A MultiLock's part
+// cannot: its token is the take's, which starts over as a whole.
 func (lk *lock) wait(ctx context.Context, h *holding, holder uint64) (*Lease, error) {
 	c := lk.c
 	defer c.obs.waiting(ctx, lk).done()
 	lc, w := c.join(lk, h)
 	defer c.leave(lc, w)
+	for {
+		l, err := lk.waitOnce(ctx, lc, w, holder)
+		if err == nil {
+			return l, nil
+		}
+		err, again := lk.startOver(ctx, w.h, err)
+		if !again {
+			return nil, err
+		}
+		c.cfg.logger.Debug("dlock: a grant came too late and was given back; waiting on with a new token", "lock", lk.name, "err", err)
+		c.rejoin(lc, w, lk.newHolding(w.h.parent, w.h.n))
+		holder = 0 // no look of the new holding yet
+	}
+}
+
+// startOver reports whether a wait that failed with err goes on with a
+// fresh holding: err is a grant given back because it came too late (its
+// token is spent: see spentToken), not one the replicas did not confirm
+// (which fails closed), h's token is its own, and the call may still wait.
+// If it may not, the call ends as any wait does: ErrClosed after Close, or
+// an error that errors.Is ctx.Err(), not the spent grant's ErrNotObtained.
+func (lk *lock) startOver(ctx context.Context, h *holding, err error) (error, bool) {
+	switch {
+	case !spent(err) || errors.Is(err, ErrNotReplicated) || h.sharedToken:
+		return err, false
+	case lk.c.closed.Load():
+		return nameErr(lk.name, ErrClosed), false
+	case ctx.Err() != nil:
+		return lk.fail(ctx, ctx.Err()), false
+	}
+	return err, true
+}
+
+// waitOnce is one wait of w, with its holding w.h, until it obtains the
+// lock or fails.
+func (lk *lock) waitOnce(ctx context.Context, lc *local, w *waiter, holder uint64) (*Lease, error) {
+	c, h := lk.c, w.h
 	if !lk.fair {
 		select {
 		case <-w.turn:
@@ -278,7 +321,7 @@ func (lk *lock) handedOver(ctx context.Context, h *holding, lc *local, f uint64,
 		// last look came late): the lock may have expired at Redis and
 		// been taken. An extension sent now must confirm it, as an
 		// acquire's reply would; else it is given back, and the token is
-		// spent (see spentToken).
+		// spent (see spentToken): the wait goes on with a fresh one.
 		sent := time.Now()
 		v, err := lk.c.eval(ctx, lk.proto.extend(h, lk.ttlArg))
 		if n, _ := v.(int64); err != nil || n != 1 {
@@ -319,7 +362,8 @@ func (lk *lock) passedTo(ctx context.Context, h *holding) (*Lease, error) {
 	if err := h.first.live(); err != nil {
 		// Taken past the passer's deadline, which it lives on until its
 		// record lands (and the record cannot land after it): it is not
-		// ours, and the record's failure gives it back (see record).
+		// ours, and the record's failure gives it back (see record). The
+		// token is spent: the wait goes on with a fresh one.
 		return nil, lk.fail(ctx, spentToken{fmt.Errorf("%w: passed by a holder of this Client, but taken past that lease's deadline (%v): given back", ErrNotObtained, err)})
 	}
 	return &h.first, nil

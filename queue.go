@@ -98,6 +98,28 @@ func (c *Client) enterLine(lc *local, w *waiter) {
 	c.mu.Unlock()
 }
 
+// rejoin makes w wait on with the fresh holding h, in its place in the
+// queue, after its holding's grant came too late and was given back (see
+// lock.wait): its old token leaves the Client's books, and w is out of the
+// line until it enters it again with h. A hand-over to the old token that
+// came meanwhile is dropped (the old token's give-back, already on its
+// way, releases it at Redis): it must not be taken as one to h. No pass
+// can have come: w has not been asleep since its grant reached it.
+func (c *Client) rejoin(lc *local, w *waiter, h *holding) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byToken[w.h.token] == w {
+		delete(c.byToken, w.h.token)
+	}
+	lc.line = remove(lc.line, w)
+	w.h, w.seen, w.asleep, w.beside = h, 0, false, false
+	select {
+	case <-w.box:
+	default:
+	}
+	drain(w.look)
+}
+
 // leave forgets w; the next waiter of the queue gets its turn, and the
 // subscriptions go once nobody waits.
 func (c *Client) leave(lc *local, w *waiter) {
