@@ -14,6 +14,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -70,20 +71,31 @@ func init() {
 			return openDlockOn(e, dlock.New(e.rdb, dlock.WithTracerProvider(sdktrace.NewTracerProvider())))
 		},
 	})
-	register(&impl{
-		name:  "dlock-app-spans",
-		order: 19,
-		settings: func(e *env) string {
-			return fmt.Sprintf("the SDK's own cost of two recorded spans, with nothing of dlock's tracing: dlock as in dlock (no providers), each Lock and each Unlock wrapped by the bench in a span of an OTel SDK TracerProvider (default sampler, no exporter) with the attributes dlock's own spans of an uncontended cycle carry (dlock.outcome, dlock.fence and dlock.via on the Lock's, dlock.outcome on the Unlock's); Client.Mutex(key, dlock.TTL(%v))", e.ttl)
-		},
-		open: func(e *env) (locker, error) {
-			l, err := openDlock(e)
-			if err != nil {
-				return nil, err
-			}
-			return &appSpans{l: l, tr: sdktrace.NewTracerProvider().Tracer("bench")}, nil
-		},
-	})
+	for _, r := range []struct {
+		name           string
+		order          int
+		spans, metrics bool
+		what           string
+	}{
+		{"dlock-app-spans", 19, true, false, "in a span of an OTel SDK TracerProvider (default sampler, no exporter) with the attributes dlock's own spans of an uncontended cycle carry (dlock.outcome, dlock.fence and dlock.via on the Lock's, dlock.outcome on the Unlock's)"},
+		{"dlock-app-metrics", 20, false, true, "with the three histograms dlock records in an uncontended cycle (acquire, hold and release duration, in seconds, with dlock's buckets and attribute sets) on an OTel SDK MeterProvider with a ManualReader nobody collects"},
+		{"dlock-app-both", 21, true, true, "in both of the above, the histograms recorded with the span's ctx (so the SDK's default filter records exemplars, as with dlock's)"},
+	} {
+		register(&impl{
+			name:  r.name,
+			order: r.order,
+			settings: func(e *env) string {
+				return fmt.Sprintf("the SDK's own cost of what dlock's observing records, with nothing of dlock's: dlock as in dlock (no providers), each Lock and Unlock wrapped by the bench %s; Client.Mutex(key, dlock.TTL(%v))", r.what, e.ttl)
+			},
+			open: func(e *env) (locker, error) {
+				l, err := openDlock(e)
+				if err != nil {
+					return nil, err
+				}
+				return newAppObs(l, r.spans, r.metrics), nil
+			},
+		})
+	}
 	register(&impl{
 		name:  "dlock-otel-sampled",
 		order: 17,
@@ -222,13 +234,15 @@ func (l *dlockLocker) TryLock(ctx context.Context, key string) (held, error) {
 	return dlockHeld{lease}, nil
 }
 
-// appSpans is the row dlock-app-spans: what an application that wraps
-// each Lock and Unlock in a recorded span of its own pays the SDK, the
-// floor under dlock's own tracing (dlock-otel-traces), which records the
-// same two spans with the same attributes.
-type appSpans struct {
-	l  *dlockLocker
-	tr trace.Tracer
+// appObs is the rows dlock-app-*: what an application pays the SDK that
+// records, around an unobserved dlock, the spans and histograms dlock's
+// observing records (dlock-otel-traces, -metrics and dlock-otel), with the
+// same names, attributes and buckets: the floor under dlock's own.
+type appObs struct {
+	l                    *dlockLocker
+	tr                   trace.Tracer            // nil: no spans
+	acq, hold, rel       metric.Float64Histogram // nil: no metrics
+	acqAt, holdAt, relAt []metric.RecordOption
 }
 
 var (
@@ -237,30 +251,78 @@ var (
 	appReleased = []attribute.KeyValue{attribute.String("dlock.outcome", "released")}
 )
 
-func (a *appSpans) Close() error { return a.l.Close() }
+func newAppObs(l *dlockLocker, spans, metrics bool) *appObs {
+	a := &appObs{l: l}
+	if spans {
+		a.tr = sdktrace.NewTracerProvider().Tracer("bench")
+	}
+	if metrics {
+		m := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())).Meter("bench")
+		acqB := metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+		a.acq, _ = m.Float64Histogram("dlock.acquire.duration", metric.WithUnit("s"), acqB)
+		a.rel, _ = m.Float64Histogram("dlock.release.duration", metric.WithUnit("s"), acqB)
+		a.hold, _ = m.Float64Histogram("dlock.hold.duration", metric.WithUnit("s"),
+			metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600))
+		set := func(kv ...attribute.KeyValue) []metric.RecordOption {
+			return []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(kv...))}
+		}
+		prim, mode := attribute.String("dlock.primitive", "mutex"), attribute.String("dlock.mode", "default")
+		a.acqAt = set(prim, mode, attribute.String("dlock.operation", "lock"), appAcquired)
+		a.holdAt = set(prim, mode, attribute.String("dlock.outcome", "unlocked"))
+		a.relAt = set(prim, mode, appReleased[0])
+	}
+	return a
+}
 
-func (a *appSpans) Lock(ctx context.Context, key string) (held, error) {
-	ctx, s := a.tr.Start(ctx, "dlock.Mutex.Lock")
+func (a *appObs) Close() error { return a.l.Close() }
+
+func (a *appObs) Lock(ctx context.Context, key string) (held, error) {
+	start := time.Now()
+	var s trace.Span
+	if a.tr != nil {
+		ctx, s = a.tr.Start(ctx, "dlock.Mutex.Lock")
+	}
 	h, err := a.l.Lock(ctx, key)
 	if err != nil {
-		s.SetAttributes(attribute.String("dlock.outcome", "error"))
-		s.End()
+		if s != nil {
+			s.SetAttributes(attribute.String("dlock.outcome", "error"))
+			s.End()
+		}
 		return nil, err
 	}
-	s.SetAttributes(appAcquired, attribute.Int64("dlock.fence", int64(h.(dlockHeld).l.Fence())), appLook)
-	s.End()
-	return &appHeld{l: h.(dlockHeld).l, tr: a.tr}, nil
+	lease := h.(dlockHeld).l
+	now := time.Now()
+	if a.acq != nil {
+		a.acq.Record(ctx, now.Sub(start).Seconds(), a.acqAt...)
+	}
+	if s != nil {
+		s.SetAttributes(appAcquired, attribute.Int64("dlock.fence", int64(lease.Fence())), appLook)
+		s.End()
+	}
+	return &appHeld{a: a, l: lease, at: now}, nil
 }
 
 type appHeld struct {
+	a  *appObs
 	l  *dlock.Lease
-	tr trace.Tracer
+	at time.Time
 }
 
 func (h *appHeld) Unlock(ctx context.Context) error {
-	ctx, s := h.tr.Start(ctx, "dlock.Lease.Unlock")
+	a := h.a
+	start := time.Now()
+	var s trace.Span
+	if a.tr != nil {
+		ctx, s = a.tr.Start(ctx, "dlock.Lease.Unlock")
+	}
 	err := h.l.Unlock(ctx)
-	s.SetAttributes(appReleased...)
-	s.End()
+	if a.acq != nil {
+		a.hold.Record(context.Background(), start.Sub(h.at).Seconds(), a.holdAt...)
+		a.rel.Record(ctx, time.Since(start).Seconds(), a.relAt...)
+	}
+	if s != nil {
+		s.SetAttributes(appReleased...)
+		s.End()
+	}
 	return err
 }
