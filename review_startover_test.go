@@ -39,64 +39,89 @@ func delayedAcquires(in *faults.Injector, script string) int {
 // promptly with the ctx's error, leaving nothing at Redis or in the
 // Client's books.
 func TestReviewStartOverBacksOff(t *testing.T) {
-	for _, k := range []lateKind{lateKinds()[0], lateKinds()[1]} { // mutex (default mode), fair
-		t.Run(k.name, func(t *testing.T) {
-			t.Parallel()
-			s := redistest.Start(t)
-			c, in := reviewClient(t, s, 5*time.Second, nil,
-				faults.Rule{Script: k.acq, Kind: faults.DelayReply, P: 1, Min: 5 * time.Millisecond, Max: 5 * time.Millisecond})
-			cs, rdb := newClients(t, s, 1)
-			y := cs[0]
-			ctx := ctxT(t, 30*time.Second)
-			name := "startover-rate-" + k.name
-			opts := []dlock.LockOption{dlock.TTL(2 * time.Millisecond)}
-			if k.name == "fair" {
-				opts = append(opts, dlock.Fair())
-			}
-			// y holds for 300ms, not renewed: the lock then runs out at
-			// Redis, and the waiter's next look is granted (late).
-			if _, err := y.Mutex(name, dlock.TTL(300*time.Millisecond), dlock.NoRenew()).Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
-			lctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			got := goLock(lctx, c.Mutex(name, opts...).Lock)
-			// The first look, the look that put it in line, and one
-			// granted late.
-			waitFor(t, ctx, "a late grant in line", func() bool { return delayedAcquires(in, k.acq) >= 3 })
-			from := delayedAcquires(in, k.acq)
-			const window = 2 * time.Second
-			select {
-			case r := <-got:
-				t.Fatalf("Lock returned within the window: %v (every grant is late)", r.err)
-			case <-time.After(window):
-			}
-			n := delayedAcquires(in, k.acq) - from
-			cancel()
-			var r result
-			select {
-			case r = <-got:
-			case <-time.After(2 * time.Second):
-				t.Fatalf("Lock did not return within 2s of its ctx's end")
-			}
-			if r.err == nil {
-				_ = r.l.Unlock(ctx)
-				t.Fatalf("Lock obtained a lease of a 2ms TTL whose every reply is 5ms late (%s)", dlock.Describe(r.l))
-			}
-			if !errors.Is(r.err, context.Canceled) {
-				t.Errorf("Lock: %v, want the ctx's error", r.err)
-			}
-			// A backoff like the first look's (1ms doubling to 500ms) makes
-			// about 13 looks in 2s; the round trip's pace, hundreds.
-			if n > 40 {
-				t.Errorf("%d acquires in %v while every grant came late: the start-over does not back off", n, window)
-			}
-			waitFor(t, ctx, "nothing left at Redis", func() bool { return k.left(ctx, rdb, name) == "" })
-			if locals, tokens := dlock.Books(c); locals != 0 || tokens != 0 {
-				t.Errorf("left in the Client's books: %d locks, %d tokens in line", locals, tokens)
-			}
-		})
+	for _, end := range []string{"ctx", "close"} {
+		for _, k := range []lateKind{lateKinds()[0], lateKinds()[1]} { // mutex (default mode), fair
+			testStartOverBacksOff(t, k, end)
+		}
 	}
+}
+
+// testStartOverBacksOff is TestReviewStartOverBacksOff for kind k, the
+// Lock ended by its ctx or by Close (end).
+func testStartOverBacksOff(t *testing.T, k lateKind, end string) {
+	t.Run(k.name+"-"+end, func(t *testing.T) {
+		t.Parallel()
+		s := redistest.Start(t)
+		c, in := reviewClient(t, s, 5*time.Second, nil,
+			faults.Rule{Script: k.acq, Kind: faults.DelayReply, P: 1, Min: 5 * time.Millisecond, Max: 5 * time.Millisecond})
+		cs, rdb := newClients(t, s, 1)
+		y := cs[0]
+		ctx := ctxT(t, 30*time.Second)
+		name := "startover-rate-" + k.name
+		opts := []dlock.LockOption{dlock.TTL(2 * time.Millisecond)}
+		if k.name == "fair" {
+			opts = append(opts, dlock.Fair())
+		}
+		// y holds for 300ms, not renewed: the lock then runs out at
+		// Redis, and the waiter's next look is granted (late).
+		if _, err := y.Mutex(name, dlock.TTL(300*time.Millisecond), dlock.NoRenew()).Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		got := goLock(lctx, c.Mutex(name, opts...).Lock)
+		// The first look, the look that put it in line, and one
+		// granted late.
+		waitFor(t, ctx, "a late grant in line", func() bool { return delayedAcquires(in, k.acq) >= 3 })
+		from := delayedAcquires(in, k.acq)
+		const window = 2 * time.Second
+		select {
+		case r := <-got:
+			t.Fatalf("Lock returned within the window: %v (every grant is late)", r.err)
+		case <-time.After(window):
+		}
+		n := delayedAcquires(in, k.acq) - from
+		closed := make(chan error, 1)
+		if end == "ctx" {
+			cancel()
+		} else {
+			go func() { closed <- c.Close() }()
+		}
+		var r result
+		select {
+		case r = <-got:
+		case <-time.After(2 * time.Second):
+			t.Fatalf("Lock did not return within 2s of its end (%s)", end)
+		}
+		if r.err == nil {
+			_ = r.l.Unlock(ctx)
+			t.Fatalf("Lock obtained a lease of a 2ms TTL whose every reply is 5ms late (%s)", dlock.Describe(r.l))
+		}
+		if want := error(context.Canceled); end == "close" {
+			select {
+			case err := <-closed:
+				if err != nil {
+					t.Errorf("Close: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("Close did not return within 10s")
+			}
+			if !errors.Is(r.err, dlock.ErrClosed) {
+				t.Errorf("Lock: %v, want ErrClosed", r.err)
+			}
+		} else if !errors.Is(r.err, want) {
+			t.Errorf("Lock: %v, want the ctx's error", r.err)
+		}
+		// A backoff like the first look's (1ms doubling to 500ms) makes
+		// about 13 looks in 2s; the round trip's pace, hundreds.
+		if n > 40 {
+			t.Errorf("%d acquires in %v while every grant came late: the start-over does not back off", n, window)
+		}
+		waitFor(t, ctx, "nothing left at Redis", func() bool { return k.left(ctx, rdb, name) == "" })
+		if locals, tokens := dlock.Books(c); locals != 0 || tokens != 0 {
+			t.Errorf("left in the Client's books: %d locks, %d tokens in line", locals, tokens)
+		}
+	})
 }
 
 // TestReviewStartOverVia: a waiter's look in line runs at Redis (it keeps
