@@ -41,6 +41,7 @@ func (lk *lock) wait(ctx context.Context, h *holding, holder uint64) (*Lease, er
 	defer c.obs.waiting(ctx, lk).done()
 	lc, w := c.join(lk, h)
 	defer c.leave(lc, w)
+	backoff := time.Millisecond
 	for {
 		l, err := lk.waitOnce(ctx, lc, w, holder)
 		if err == nil {
@@ -51,8 +52,33 @@ func (lk *lock) wait(ctx context.Context, h *holding, holder uint64) (*Lease, er
 			return nil, err
 		}
 		c.cfg.logger.Debug("dlock: a grant came too late and was given back; waiting on with a new token", "lock", lk.name, "err", err)
+		c.obs.startedOver(ctx, lk)
 		c.rejoin(lc, w, lk.newHolding(w.h.parent, w.h.n))
 		holder = 0 // no look of the new holding yet
+		// Grants that keep coming late (replies slower than the TTL) must
+		// not make the wait look again at the pace of the round trip,
+		// each time with a new token and give-backs: it backs off as the
+		// first look's retries do. Out of the line meanwhile, it is
+		// neither handed nor passed the lock.
+		if err := lk.pause(ctx, backoff); err != nil {
+			return nil, err
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// pause waits d, or until ctx ends or the Client closes (then the error
+// the wait returns).
+func (lk *lock) pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return lk.fail(ctx, ctx.Err())
+	case <-lk.c.bg.Done():
+		return nameErr(lk.name, ErrClosed)
 	}
 }
 

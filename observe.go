@@ -230,7 +230,10 @@ func (o *observer) startAcquire(ctx *context.Context, lk *lock, call callKind) a
 		return acqMark{}
 	}
 	m := acqMark{o: o, lk: lk, call: call}
-	if o.m != nil || debug { // spans read the clock themselves
+	if o.m != nil || o.log != nil {
+		// Spans read the clock themselves; a debug line may be wanted as
+		// the call ends though not as it starts (a handler's level may
+		// change meanwhile), and says how long the call took.
 		m.start = time.Now()
 	}
 	if o.tr != nil || debug {
@@ -394,6 +397,18 @@ func (o *observer) passedTo(ctx context.Context, lk *lock) {
 	}
 }
 
+// startedOver observes a waiting call on lk whose grant came too late and
+// was given back (see lock.wait): however it obtains the lock next, it was
+// not by that hand-over or pass.
+func (o *observer) startedOver(ctx context.Context, lk *lock) {
+	if o == nil {
+		return
+	}
+	if p := opOf(ctx, lk); p != nil {
+		p.via = viaLook
+	}
+}
+
 func (o *observer) obtainedBy(ctx context.Context, lk *lock, via int) {
 	if o.m != nil {
 		prim, mode := lk.class()
@@ -525,7 +540,7 @@ func (o *observer) startRelease(ctx context.Context, l *Lease) relMark {
 		return relMark{}
 	}
 	r := relMark{o: o, l: l, ctx: ctx}
-	if o.m != nil || o.debug(ctx) { // spans read the clock themselves
+	if o.m != nil || o.log != nil { // as in startAcquire
 		r.start = time.Now()
 	}
 	if o.tr != nil {
