@@ -296,8 +296,11 @@ func extendOfATakenLock(t *testing.T, site *site) {
 
 // TestPassOfATakenLock: a holder whose lock was taken behind its back (the
 // owner field now names another token, the fence unchanged) passes it to
-// its Client's next waiter. pass.lua must refuse: both leases are lost and
-// the other owner is left alone.
+// its Client's next waiter. pass.lua must refuse: the holder's lease is
+// lost and the other owner is left alone. The waiter either took the pass
+// before the refusal came back (its lease is then lost too) or after it
+// (it starts over with a fresh token and waits in line, and gets the lock
+// once the other owner lets go).
 func TestPassOfATakenLock(t *testing.T) {
 	s := redistest.Start(t)
 	cs, rdb := newClients(t, s, 2)
@@ -305,32 +308,65 @@ func TestPassOfATakenLock(t *testing.T) {
 	const name = "pass-taken"
 	key := wire.HashKey(wire.DefaultPrefix, name)
 	a, leases := inTurn(t, ctx, cs, rdb, name)
+	// The other owner holds on (no expiry) until the test lets it go.
 	if err := rdb.HSet(ctx, key, wire.FieldOwner, "another-token").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Persist(ctx, key).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
 		t.Fatalf("Unlock of a lease whose lock was taken, passing it on: %v, want ErrLockLost", err)
 	}
-	w := <-leases
+	if o := owner(ctx, rdb, name); o != "another-token" {
+		t.Fatalf("owner %q after the refused pass, want the other owner left alone", o)
+	}
+	var w *dlock.Lease
+	select {
+	case w = <-leases: // the pass was taken before its refusal came back
+	case <-time.After(time.Second):
+	}
+	if w != nil {
+		if w.Fence() != a.Fence()+1 {
+			t.Fatalf("fence %d after %d while another owner holds the lock: not the pass, and not the other owner's", w.Fence(), a.Fence())
+		}
+		select {
+		case <-w.Context().Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("the lease passed over a lock taken by another owner did not end")
+		}
+		if cause := context.Cause(w.Context()); !errors.Is(cause, dlock.ErrLockLost) {
+			t.Fatalf("passed lease ended with %v, want ErrLockLost", cause)
+		}
+		if o := owner(ctx, rdb, name); o != "another-token" {
+			t.Fatalf("owner %q, want the other owner left alone", o)
+		}
+		if err := w.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
+			t.Fatalf("Unlock of the lost passed lease: %v, want ErrLockLost", err)
+		}
+		return
+	}
+	// The waiter took the pass only after its refusal: it waits on, in
+	// line, while the other owner holds.
+	t.Log("the waiter took the pass after its refusal and waits on")
+	if o := owner(ctx, rdb, name); o != "another-token" {
+		t.Fatalf("owner %q while the waiter waits on, want the other owner left alone", o)
+	}
+	if err := rdb.Del(ctx, key).Err(); err != nil { // the other owner lets go
+		t.Fatal(err)
+	}
+	w = <-leases
 	if w == nil {
 		t.FailNow()
 	}
-	if w.Fence() != a.Fence()+1 {
-		t.Fatalf("fence %d after %d: not passed", w.Fence(), a.Fence())
+	if w.Fence() <= a.Fence()+1 {
+		t.Fatalf("fence %d after %d: the waiter's own grant must be above the pass's", w.Fence(), a.Fence())
 	}
-	select {
-	case <-w.Context().Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the lease passed over a lock taken by another owner did not end")
+	if o := owner(ctx, rdb, name); o != w.Token() {
+		t.Fatalf("owner %q, want the waiter's fresh token %q", o, w.Token())
 	}
-	if cause := context.Cause(w.Context()); !errors.Is(cause, dlock.ErrLockLost) {
-		t.Fatalf("passed lease ended with %v, want ErrLockLost", cause)
-	}
-	if o := owner(ctx, rdb, name); o != "another-token" {
-		t.Fatalf("owner %q, want the other owner left alone", o)
-	}
-	if err := w.Unlock(ctx); !errors.Is(err, dlock.ErrLockLost) {
-		t.Fatalf("Unlock of the lost passed lease: %v, want ErrLockLost", err)
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
