@@ -165,7 +165,11 @@ func wallClockJumps(t *testing.T, servers []*redistest.Server, frozen int, c2 *d
 	if st := ask("state"); st != "live" {
 		t.Fatalf("lease after the wall clock jumped forward: %s", st)
 	}
-	waitRenewals(t, ctx, servers[0].Client(t), "dlock:{wall}", ttl, 4, func() {
+	var rdbs []*redis.Client
+	for _, s := range servers {
+		rdbs = append(rdbs, s.Client(t))
+	}
+	waitRenewalsOn(t, ctx, rdbs, "dlock:{wall}", ttl, 4, func() {
 		if _, err := c2.Mutex("wall").TryLock(ctx); !errors.Is(err, dlock.ErrNotObtained) {
 			t.Fatalf("TryLock while the child holds: %v, want ErrNotObtained", err)
 		}
