@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 // holds it this long (GET, sleep, SET of the counter) and pauses this long
 // between turns, as a service doing work outside the lock would.
 const (
-	turns = 15
+	turns = 20
 	hold  = 2 * time.Millisecond
 	pause = 5 * time.Millisecond
 )
@@ -198,7 +198,12 @@ func contend(t *testing.T, s *redistest.Server, key string, other *child, side s
 		}
 	}
 	t.Logf("turns, in order: %s", strings.Join(log, " "))
-	if switches < 4 {
+	// Each side waited for the other at least once: a turn of the other
+	// library's between two of dlock's, and one of dlock's between two of
+	// the other's (three changes of side at least). More is not owed: the
+	// other library polls (node-redlock every 10±5 ms) and can miss a run
+	// of the short gaps between dlock's turns on a loaded machine.
+	if switches < 3 {
 		t.Fatalf("the key changed sides %d times in %d turns: one side did not get turns while the other worked", switches, len(log))
 	}
 	if n := rdb.Exists(ctx, key).Val(); n != 0 {
