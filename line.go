@@ -53,13 +53,18 @@ func (lk *lock) wait(ctx context.Context, h *holding, holder uint64) (*Lease, er
 		}
 		c.cfg.logger.Debug("dlock: a grant came too late and was given back; waiting on with a new token", "lock", lk.name, "err", err)
 		c.obs.startedOver(ctx, lk)
-		c.rejoin(lc, w, lk.newHolding(w.h.parent, w.h.n))
+		if c.rejoin(lc, w, lk.newHolding(w.h.parent, w.h.n)) {
+			// A look of the spent holding found the lock held, answered
+			// in time: not a run of late grants, whatever came before.
+			backoff = time.Millisecond
+		}
 		holder = 0 // no look of the new holding yet
 		// Grants that keep coming late (replies slower than the TTL) must
 		// not make the wait look again at the pace of the round trip,
 		// each time with a new token and give-backs: it backs off as the
-		// first look's retries do. Out of the line meanwhile, it is
-		// neither handed nor passed the lock.
+		// first look's retries do, from 1ms again once a look found the
+		// lock held (as the line's retries do). Out of the line
+		// meanwhile, it is neither handed nor passed the lock.
 		if err := lk.pause(ctx, backoff); err != nil {
 			return nil, err
 		}

@@ -33,6 +33,7 @@ type waiter struct {
 	look   chan struct{} // capacity 1: look at the lock again
 	seen   uint64        // the fence of the holder its last look found
 	asleep bool          // a default-mode head asleep in line: a holder of ours may pass to it
+	held   bool          // a look of its holding found the lock held (and answered in time)
 	beside bool          // waiting beside a holder of ours, unsubscribed and not in line at Redis
 }
 
@@ -105,9 +106,13 @@ func (c *Client) enterLine(lc *local, w *waiter) {
 // came meanwhile is dropped (the old token's give-back, already on its
 // way, releases it at Redis): it must not be taken as one to h. No pass
 // can have come: w has not been asleep since its grant reached it.
-func (c *Client) rejoin(lc *local, w *waiter, h *holding) {
+// It reports whether a look of the old holding found the lock held: the
+// wait went as it should until its grant came late, and the start-over's
+// backoff begins again (see lock.wait).
+func (c *Client) rejoin(lc *local, w *waiter, h *holding) (held bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	held, w.held = w.held, false
 	if c.byToken[w.h.token] == w {
 		delete(c.byToken, w.h.token)
 	}
@@ -118,6 +123,7 @@ func (c *Client) rejoin(lc *local, w *waiter, h *holding) {
 	default:
 	}
 	drain(w.look)
+	return held
 }
 
 // leave forgets w; the next waiter of the queue gets its turn, and the
@@ -221,7 +227,7 @@ func (c *Client) leaveBeside(w *waiter) {
 // that w now sleeps: a default-mode head may be passed the lock meanwhile.
 func (c *Client) asleep(lc *local, w *waiter, seen uint64) {
 	c.mu.Lock()
-	w.seen = seen
+	w.seen, w.held = seen, true
 	// Not with mail already in its box: a hand-over came during its look.
 	w.asleep = !lc.lk.fair && len(lc.queue) > 0 && lc.queue[0] == w && len(w.box) == 0
 	c.mu.Unlock()
