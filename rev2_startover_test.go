@@ -8,7 +8,6 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/faults"
-	"github.com/dlock-go/dlock/internal/redistest"
 )
 
 // TestReviewStartOverBackoffResets: every acquire reply of a waiting Lock
@@ -26,17 +25,9 @@ func TestReviewStartOverBackoffResets(t *testing.T) {
 	for _, k := range []lateKind{lateKinds()[0], lateKinds()[1]} { // mutex (default mode), fair
 		t.Run(k.name, func(t *testing.T) {
 			t.Parallel()
-			s := redistest.Start(t)
-			c, in := reviewClient(t, s, 5*time.Second, nil,
-				faults.Rule{Script: k.acq, Kind: faults.DelayReply, P: 1, Min: 5 * time.Millisecond, Max: 5 * time.Millisecond})
-			cs, rdb := newClients(t, s, 1)
-			y := cs[0]
-			ctx := ctxT(t, 30*time.Second)
+			e := newLateEveryGrant(t, k)
+			c, in, y, rdb, ctx, opts := e.c, e.in, e.y, e.rdb, e.ctx, e.opts
 			name := "startover-reset-" + k.name
-			opts := []dlock.LockOption{dlock.TTL(2 * time.Millisecond)}
-			if k.name == "fair" {
-				opts = append(opts, dlock.Fair())
-			}
 			// The waiter's acquires, in order: (token, when sent).
 			type acq struct {
 				token string

@@ -12,6 +12,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/faults"
 	"github.com/dlock-go/dlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
@@ -51,17 +52,9 @@ func TestReviewStartOverBacksOff(t *testing.T) {
 func testStartOverBacksOff(t *testing.T, k lateKind, end string) {
 	t.Run(k.name+"-"+end, func(t *testing.T) {
 		t.Parallel()
-		s := redistest.Start(t)
-		c, in := reviewClient(t, s, 5*time.Second, nil,
-			faults.Rule{Script: k.acq, Kind: faults.DelayReply, P: 1, Min: 5 * time.Millisecond, Max: 5 * time.Millisecond})
-		cs, rdb := newClients(t, s, 1)
-		y := cs[0]
-		ctx := ctxT(t, 30*time.Second)
+		e := newLateEveryGrant(t, k)
+		c, in, y, rdb, ctx, opts := e.c, e.in, e.y, e.rdb, e.ctx, e.opts
 		name := "startover-rate-" + k.name
-		opts := []dlock.LockOption{dlock.TTL(2 * time.Millisecond)}
-		if k.name == "fair" {
-			opts = append(opts, dlock.Fair())
-		}
 		// y holds for 300ms, not renewed: the lock then runs out at
 		// Redis, and the waiter's next look is granted (late).
 		if _, err := y.Mutex(name, dlock.TTL(300*time.Millisecond), dlock.NoRenew()).Lock(ctx); err != nil {
@@ -263,4 +256,30 @@ func TestReviewDebugTookWithLevelRaised(t *testing.T) {
 	if took < 200*time.Millisecond {
 		t.Errorf("acquire line %q: took=%v for a call that lasted over 200ms", line, took)
 	}
+}
+
+// lateEveryGrant is the set-up of the start-over review tests for kind k:
+// a Client c whose every acquire reply comes 5 ms late (in records them),
+// another Client y, and the waiter's options: a 2 ms TTL, so that every
+// grant it hears is past its validity.
+type lateEveryGrant struct {
+	c    *dlock.Client
+	in   *faults.Injector
+	y    *dlock.Client
+	rdb  *redis.Client
+	ctx  context.Context
+	opts []dlock.LockOption
+}
+
+func newLateEveryGrant(t *testing.T, k lateKind) lateEveryGrant {
+	t.Helper()
+	s := redistest.Start(t)
+	c, in := reviewClient(t, s, 5*time.Second, nil,
+		faults.Rule{Script: k.acq, Kind: faults.DelayReply, P: 1, Min: 5 * time.Millisecond, Max: 5 * time.Millisecond})
+	cs, rdb := newClients(t, s, 1)
+	opts := []dlock.LockOption{dlock.TTL(2 * time.Millisecond)}
+	if k.name == "fair" {
+		opts = append(opts, dlock.Fair())
+	}
+	return lateEveryGrant{c: c, in: in, y: cs[0], rdb: rdb, ctx: ctxT(t, 30*time.Second), opts: opts}
 }
