@@ -327,8 +327,9 @@ func outsideLine(c faults.Call) bool {
 
 // lateLog is the logger of a run's Clients: it counts the late grants
 // their Lock calls gave back, which they report (at debug level, with
-// ErrNotObtained) before they try again.
-type lateLog struct{ n *atomic.Int64 }
+// ErrNotObtained) before they try again, and among them the waits that
+// started over with a fresh token.
+type lateLog struct{ n, over *atomic.Int64 }
 
 func (h lateLog) Enabled(context.Context, slog.Level) bool { return true }
 
@@ -336,6 +337,9 @@ func (h lateLog) Handle(_ context.Context, r slog.Record) error {
 	r.Attrs(func(a slog.Attr) bool {
 		if err, ok := a.Value.Any().(error); ok && errors.Is(err, dlock.ErrNotObtained) {
 			h.n.Add(1)
+			if strings.Contains(r.Message, "waiting on with a new token") {
+				h.over.Add(1)
+			}
 		}
 		return true
 	})

@@ -81,7 +81,7 @@ func TestInterleavings(t *testing.T) { interleavings(t, "TestInterleavings", ilS
 // RWMutex's readers share it, so that first looks find it free more often
 // than a mutex's). Other seeds weigh late grants less, or not at all.
 func TestInterleavingsLateGrants(t *testing.T) {
-	late, seeds := interleavings(t, "TestInterleavingsLateGrants", ilSingle, []string{"rw"}, "late=0.8,patient=1,long=0.05")
+	late, seeds := interleavings(t, "TestInterleavingsLateGrants", ilSingle, []string{"rw"}, "late=0.8,lateLine=0.8,patient=1,long=0.05")
 	t.Logf("late grants given back: %d in %d seeds", late, seeds)
 	if seeds > 0 && late == 0 {
 		t.Errorf("no call gave back a late grant in %d seeds: the acquire replies held back past the TTL did not reach that path", seeds)
@@ -214,10 +214,11 @@ type interleaving struct {
 	link         *faultproxy.Proxy
 	prof         ilProfile
 
-	slots     []atomic.Pointer[ilClient] // the Clients the workers use, replaced as they close
-	gen       atomic.Int64               // Clients made so far
-	lateLocks atomic.Int64               // late grants that Lock calls gave back before they tried again
-	maxTTL    time.Duration              // the longest TTL any call asked for
+	slots      []atomic.Pointer[ilClient] // the Clients the workers use, replaced as they close
+	gen        atomic.Int64               // Clients made so far
+	lateLocks  atomic.Int64               // late grants that Lock calls gave back before they tried again
+	startOvers atomic.Int64               // of those, waits that went on with a fresh token
+	maxTTL     time.Duration              // the longest TTL any call asked for
 
 	mu       sync.Mutex
 	held     map[*ilLease]struct{} // granted, not yet given up by its holder
@@ -283,12 +284,16 @@ type ilProfile struct {
 	slow    float64       // quorum: multiplies every script fault's chance on the first master
 	late    float64       // one server: chance that the reply of an acquire outside the line comes past its TTL
 	patient float64       // chance that a lock call may wait 2s (else up to 300ms)
+	// lateLine is the chance that a look in line is answered past the TTL
+	// (one server; a quarter of late unless set): its grant is given back
+	// and the wait starts over with a fresh token.
+	lateLine float64
 }
 
 func drawProfile(seed uint64) ilProfile {
 	r := rand.New(rand.NewPCG(seed, 7))
 	pick := func(low, high float64) float64 { return [2]float64{low, high}[r.IntN(2)] }
-	return ilProfile{
+	p := ilProfile{
 		noRenew: pick(0.1, 0.6),
 		long:    pick(0.05, 0.3),
 		longMax: time.Duration(pick(400, 1000)) * time.Millisecond,
@@ -301,6 +306,8 @@ func drawProfile(seed uint64) ilProfile {
 		late:    pick(0, 0.3),
 		patient: pick(1.0/3, 2.0/3),
 	}
+	p.lateLine = p.late / 4
+	return p
 }
 
 // override sets the fields named in spec ("passes=0.3,long=0.3", from
@@ -309,7 +316,7 @@ func (p *ilProfile) override(t *testing.T, spec string) {
 	for _, kv := range strings.Split(spec, ",") {
 		k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
 		f, err := strconv.ParseFloat(v, 64)
-		fields := map[string]*float64{"noRenew": &p.noRenew, "long": &p.long, "extend": &p.extend, "faults": &p.faults, "passes": &p.passes, "subs": &p.subs, "slow": &p.slow, "late": &p.late, "patient": &p.patient}
+		fields := map[string]*float64{"noRenew": &p.noRenew, "long": &p.long, "extend": &p.extend, "faults": &p.faults, "passes": &p.passes, "subs": &p.subs, "slow": &p.slow, "late": &p.late, "lateLine": &p.lateLine, "patient": &p.patient}
 		ptr := fields[k]
 		switch {
 		case err == nil && ptr != nil:
@@ -325,8 +332,8 @@ func (p *ilProfile) override(t *testing.T, spec string) {
 }
 
 func (p ilProfile) String() string {
-	return fmt.Sprintf("noRenew %.2f, long holds %.2f up to %v, extend %.2f, faults x%.0f, pass/extend faults %.1f, subscription faults x%.0f, chaos every %v, (quorum) first master's faults x%.0f, (one server) late grants %.2f, patient %.2f",
-		p.noRenew, p.long, p.longMax, p.extend, p.faults, p.passes, p.subs, p.chaos, p.slow, p.late, p.patient)
+	return fmt.Sprintf("noRenew %.2f, long holds %.2f up to %v, extend %.2f, faults x%.0f, pass/extend faults %.1f, subscription faults x%.0f, chaos every %v, (quorum) first master's faults x%.0f, (one server) late grants %.2f, in line %.2f, patient %.2f",
+		p.noRenew, p.long, p.longMax, p.extend, p.faults, p.passes, p.subs, p.chaos, p.slow, p.late, p.lateLine, p.patient)
 }
 
 const (
@@ -422,7 +429,7 @@ func (w *interleaving) newClient() *ilClient {
 	opts := []dlock.Option{dlock.WithAutoPipeline(r.IntN(2) == 0)}
 	switch w.topo {
 	case ilSingle:
-		ic.c = newDlock(t, rdbs[0], append(opts, dlock.WithLogger(slog.New(lateLog{&w.lateLocks})))...)
+		ic.c = newDlock(t, rdbs[0], append(opts, dlock.WithLogger(slog.New(lateLog{&w.lateLocks, &w.startOvers})))...)
 	case ilReplicaAck:
 		ic.c = newDlock(t, rdbs[0], append(opts, dlock.WithReplicaAck(1, ilReplicaWait))...)
 	case ilQuorum:
@@ -438,9 +445,9 @@ func (w *interleaving) newClient() *ilClient {
 // chance of each script fault multiplied by slow.
 func (w *interleaving) injector(seed uint64, slow float64) *faults.Injector {
 	ms, f, p, sf := time.Millisecond, w.prof.faults*slow, w.prof.passes*slow, w.prof.subs
-	late := 0.0
+	late, lateLine := 0.0, 0.0
 	if w.topo == ilSingle {
-		late = w.prof.late
+		late, lateLine = w.prof.late, w.prof.lateLine
 	}
 	acquire := w.acquireScripts()
 	return faults.New(faults.Config{
@@ -457,7 +464,7 @@ func (w *interleaving) injector(seed uint64, slow float64) *faults.Injector {
 			// A look of a waiter in line whose reply comes past the TTL:
 			// the grant it made is given back, and a hand-over heard after
 			// it is confirmed by an extension or given back.
-			{Script: acquire[len(acquire)-1], Match: inLine, Kind: faults.DelayReply, P: late / 4, Min: (ilLockTTL + 50) * ms, Max: time.Second},
+			{Script: acquire[len(acquire)-1], Match: inLine, Kind: faults.DelayReply, P: lateLine, Min: (ilLockTTL + 50) * ms, Max: time.Second},
 			{Script: "pass", Kind: faults.LoseReply, P: p, Max: 300 * ms},
 			{Script: "pass", Kind: faults.DelaySend, P: p, Max: 150 * ms},
 			{Script: "extend", Via: faults.Batch, Kind: faults.DelaySend, P: p, Max: 200 * ms}, // a renewal in flight for long
@@ -585,7 +592,7 @@ func (w *interleaving) run() {
 			t.Logf("client %d%s faults: %s", ic.gen, w.masterName(i), in.Summary())
 		}
 	}
-	t.Logf("hand-overs heard: %d; late grants given back: %d by Try calls, %d by Lock calls", heard, w.ops[lateGrantOp], w.lateLocks.Load())
+	t.Logf("hand-overs heard: %d; late grants given back: %d by Try calls, %d by Lock calls (%d of them waits that started over)", heard, w.ops[lateGrantOp], w.lateLocks.Load(), w.startOvers.Load())
 	// Waiters in line at Redis are handed the lock by the release that frees
 	// it, and told so by message: most grants of a Fair mutex, an RWMutex
 	// or a Semaphore under contention come that way, even with these faults.
