@@ -41,13 +41,13 @@ func (lk *lock) wait(ctx context.Context, h *holding, holder uint64) (*Lease, er
 	defer c.obs.waiting(ctx, lk).done()
 	lc, w := c.join(lk, h)
 	defer c.leave(lc, w)
-	backoff := time.Millisecond
+	backoff := firstBackoff
 	for {
 		l, err := lk.waitOnce(ctx, lc, w, holder)
 		if err == nil {
 			return l, nil
 		}
-		err, again := lk.startOver(ctx, w.h, err)
+		again, err := lk.startOver(ctx, w.h, err)
 		if !again {
 			return nil, err
 		}
@@ -56,53 +56,36 @@ func (lk *lock) wait(ctx context.Context, h *holding, holder uint64) (*Lease, er
 		if c.rejoin(lc, w, lk.newHolding(w.h.parent, w.h.n)) {
 			// A look of the spent holding found the lock held, answered
 			// in time: not a run of late grants, whatever came before.
-			backoff = time.Millisecond
+			backoff = firstBackoff
 		}
 		holder = 0 // no look of the new holding yet
 		// Grants that keep coming late (replies slower than the TTL) must
 		// not make the wait look again at the pace of the round trip,
 		// each time with a new token and give-backs: it backs off as the
-		// first look's retries do, from 1ms again once a look found the
-		// lock held (as the line's retries do). Out of the line
+		// first look's retries do, from the start again once a look found
+		// the lock held (as the line's retries do). Out of the line
 		// meanwhile, it is neither handed nor passed the lock.
 		if err := lk.pause(ctx, backoff); err != nil {
 			return nil, err
 		}
-		backoff = min(2*backoff, 500*time.Millisecond)
-	}
-}
-
-// pause waits d, or until ctx ends or the Client closes (then the error
-// the wait returns).
-func (lk *lock) pause(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return lk.fail(ctx, ctx.Err())
-	case <-lk.c.bg.Done():
-		return nameErr(lk.name, ErrClosed)
+		backoff = nextBackoff(backoff)
 	}
 }
 
 // startOver reports whether a wait that failed with err goes on with a
-// fresh holding: err is a grant given back because it came too late (its
-// token is spent: see spentToken), not one the replicas did not confirm
-// (which fails closed), h's token is its own, and the call may still wait.
-// If it may not, the call ends as any wait does: ErrClosed after Close, or
-// an error that errors.Is ctx.Err(), not the spent grant's ErrNotObtained.
-func (lk *lock) startOver(ctx context.Context, h *holding, err error) (error, bool) {
+// fresh holding (see holding.renewable) and the call may still wait. If
+// it may not, the call ends as any wait does: ErrClosed after Close, or an
+// error that errors.Is ctx.Err(), not the spent grant's ErrNotObtained.
+func (lk *lock) startOver(ctx context.Context, h *holding, err error) (bool, error) {
 	switch {
-	case !spent(err) || errors.Is(err, ErrNotReplicated) || h.sharedToken:
-		return err, false
+	case !h.renewable(err):
+		return false, err
 	case lk.c.closed.Load():
-		return nameErr(lk.name, ErrClosed), false
+		return false, nameErr(lk.name, ErrClosed)
 	case ctx.Err() != nil:
-		return lk.fail(ctx, ctx.Err()), false
+		return false, lk.fail(ctx, ctx.Err())
 	}
-	return err, true
+	return true, err
 }
 
 // waitOnce is one wait of w, with its holding w.h, until it obtains the
@@ -271,7 +254,7 @@ func (lk *lock) inLine(ctx context.Context, h *holding, lc *local, w *waiter, su
 	var placed time.Time // when the last look that put us in line was sent
 	var seen uint64      // the fence of the holder that look found
 	inDoubt := false     // the last look's outcome is unknown
-	backoff := time.Millisecond
+	backoff := firstBackoff
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -293,9 +276,9 @@ func (lk *lock) inLine(ctx context.Context, h *holding, lc *local, w *waiter, su
 			// token (an applied acquire is then recognised as ours).
 			c.cfg.logger.Debug("dlock: acquire failed, retrying", "lock", lk.name, "err", err)
 			sleep, inDoubt = backoff, true
-			backoff = min(2*backoff, 500*time.Millisecond)
+			backoff = nextBackoff(backoff)
 		default:
-			placed, seen, inDoubt, backoff = r.sent, r.fence, false, time.Millisecond
+			placed, seen, inDoubt, backoff = r.sent, r.fence, false, firstBackoff
 			// Look again when the holder's lease runs out, and keep our
 			// place alive meanwhile.
 			sleep = min(r.left, fairLiveness/3)

@@ -188,7 +188,7 @@ func (lk *lock) try(ctx context.Context, n int64) (*Lease, error) {
 // done: Lock returns (l, err); otherwise it goes on to wait for the holder
 // with fence holder.
 func (lk *lock) firstLook(ctx context.Context, h *holding) (l *Lease, err error, done bool, holder uint64) {
-	backoff := time.Millisecond
+	backoff := firstBackoff
 	for {
 		r, err := lk.attempt(ctx, h, false)
 		switch {
@@ -197,7 +197,7 @@ func (lk *lock) firstLook(ctx context.Context, h *holding) (l *Lease, err error,
 			return l, err, true, 0
 		case err == nil:
 			return nil, nil, false, r.fence // held: wait for it
-		case spent(err) && !h.sharedToken && ctx.Err() == nil && !errors.Is(err, ErrNotReplicated):
+		case h.renewable(err) && ctx.Err() == nil:
 			// A give-back still on its way may release a grant to this
 			// token: go on with a fresh one (nothing has recorded
 			// the token yet: no place in line, no local waiter). The old
@@ -213,19 +213,35 @@ func (lk *lock) firstLook(ctx context.Context, h *holding) (l *Lease, err error,
 		// same token before waiting, or this Client's own next waiter
 		// would wait for a lock that nobody renews or releases.
 		lk.c.cfg.logger.Debug("dlock: acquire failed, retrying", "lock", lk.name, "err", err)
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-		case <-lk.c.bg.Done(): // Close: a waiting call returns ErrClosed
-			t.Stop()
-		}
-		if lk.c.closed.Load() {
+		if perr := lk.pause(ctx, backoff); perr != nil {
 			lk.abandon(ctx, h.token, err)
-			return nil, nameErr(lk.name, ErrClosed), true, 0
+			return nil, perr, true, 0
 		}
-		backoff = min(2*backoff, 500*time.Millisecond)
+		backoff = nextBackoff(backoff)
+	}
+}
+
+// Retries back off from firstBackoff, doubling (nextBackoff) up to
+// maxBackoff.
+const (
+	firstBackoff = time.Millisecond
+	maxBackoff   = 500 * time.Millisecond
+)
+
+func nextBackoff(d time.Duration) time.Duration { return min(2*d, maxBackoff) }
+
+// pause waits d, or until ctx ends or the Client closes (then the error
+// the call returns: ErrClosed, or one that errors.Is ctx.Err()).
+func (lk *lock) pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return lk.fail(ctx, ctx.Err())
+	case <-lk.c.bg.Done():
+		return nameErr(lk.name, ErrClosed)
 	}
 }
 
@@ -351,6 +367,15 @@ func (e spentToken) Error() string {
 	return e.err.Error() + " (its token is not tried again: a give-back of it may still be on its way)"
 }
 func (e spentToken) Unwrap() error { return e.err }
+
+// renewable reports whether h may go on with a fresh token after err: its
+// token is spent (see spentToken), by a grant given back because it came
+// too late, not one the replicas did not confirm (which fails closed), and
+// the token is h's own (a MultiLock part's is its take's, which starts
+// over as a whole).
+func (h *holding) renewable(err error) bool {
+	return spent(err) && !errors.Is(err, ErrNotReplicated) && !h.sharedToken
+}
 
 // spent reports an error after which the attempt's token must not be
 // tried again (see spentToken).

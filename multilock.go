@@ -260,7 +260,7 @@ func (t *take) waitFor(ctx context.Context, i int) (*Lease, error) {
 // again with the same token while waiting (wait), as a Mutex's first look
 // does; otherwise, and when ctx ends, the parts are given back.
 func (t *take) group(ctx context.Context, idx []int, wait bool) (took bool, blocked int, err error) {
-	backoff := time.Millisecond
+	backoff := firstBackoff
 	for {
 		took, blocked, err = t.attempt(ctx, idx)
 		if err == nil || !wait || ctx.Err() != nil || permanent(err) {
@@ -278,7 +278,7 @@ func (t *take) group(ctx context.Context, idx []int, wait bool) (took bool, bloc
 			}
 			return false, 0, t.fail(ctx, idx, ctx.Err())
 		}
-		backoff = min(2*backoff, 500*time.Millisecond)
+		backoff = nextBackoff(backoff)
 	}
 }
 
