@@ -63,7 +63,7 @@ func StartLinkedCluster(t testing.TB, masters, replicas int) *LinkedCluster {
 		real:    map[string]string{},
 		servers: map[string]*Server{},
 	}
-	extra := append([]string{"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0"}, fastSync...)
+	extra := []string{"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0"} // and fastSync, as every replicated cluster
 	c.Masters, c.Replicas = replicatedCluster(t, masters, replicas, extra, func(s *Server) {
 		link := startLink(t, s)
 		c.links[s] = link

@@ -106,6 +106,14 @@ var fastSync = []string{"--repl-diskless-sync-delay", "0"}
 // does).
 func StartReplica(t testing.TB, primary *Server, via bool) (replica *Server, link *faultproxy.Proxy) {
 	t.Helper()
+	// The full sync starts at once (see fastSync), whatever primary was
+	// started with.
+	pc := primary.client()
+	err := pc.ConfigSet(context.Background(), "repl-diskless-sync-delay", "0").Err()
+	_ = pc.Close()
+	if err != nil {
+		t.Fatalf("redistest: CONFIG SET repl-diskless-sync-delay on %s: %v", primary.Addr(), err)
+	}
 	upstream := primary.Port()
 	if via {
 		link = startLink(t, primary)

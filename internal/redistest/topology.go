@@ -40,7 +40,7 @@ func replicatedCluster(t testing.TB, masters, replicas int, extra []string, anno
 		"--cluster-enabled", "yes",
 		"--cluster-config-file", "nodes.conf",
 		"--cluster-node-timeout", "2000",
-	}, extra...)})
+	}, append(append([]string(nil), fastSync...), extra...)...)})
 	if announce != nil {
 		for _, s := range all {
 			announce(s)
