@@ -47,10 +47,12 @@ vet:
 # The root package runs a second time over the rueidis driver
 # (DLOCK_DRIVER=rueidis, see driver_test.go), without -race to bound the
 # time (the first pass races the engine, which both drivers share), quorum
-# mode over rueidisdlock.NewQuorum included; its long randomized tests run
-# a random half of their seeds and rounds there (rueidisShare in
-# driver_test.go: half the primitives' interleavings, quorum mode's every
-# other time, 4 of the 8 rounds of TestReview3QuorumCloseRacesEverything).
+# mode over rueidisdlock.NewQuorum included. The long randomized tests
+# share their seeds and rounds out between the two passes (passShare in
+# driver_test.go): DLOCK_SPLIT, one random number for both, draws which
+# primitives' interleavings each pass runs, so that each runs once, over
+# one driver or the other, and 4 of the 8 rounds of
+# TestReview3QuorumCloseRacesEverything go to each pass.
 # The quorum tests take about 2 minutes of that pass, mostly waiting
 # (about 25 s of CPU), on a 2-core VM. The two passes run at once: the
 # root package's tests mostly wait on TTLs, pauses and failovers (its
@@ -72,7 +74,8 @@ vet:
 # is for the few tests whose cases each wait out a TTL on a server of their
 # own (t.Parallel): four at once, though the machine has two cores;
 # cmd/dlock's parallel tests keep the default (two at once).
-RUEIDIS_PASS = DLOCK_DRIVER=rueidis $(GO) test -count=1 -parallel 4 -timeout 20m . ./rueidisdlock
+SPLIT := $(shell od -An -N4 -tu4 /dev/urandom | tr -d " ")
+RUEIDIS_PASS = DLOCK_SPLIT=$(SPLIT) DLOCK_DRIVER=rueidis $(GO) test -count=1 -parallel 4 -timeout 20m . ./rueidisdlock
 INTEROP_PASS = cd interop && $(GO) test -count=1 -timeout 2m ./...
 RACE_BACK = $$($(GO) list ./... | grep -v -x -e github.com/dlock-go/dlock -e github.com/dlock-go/dlock/cmd/dlock)
 test: redis-server cc interop-deps vet
@@ -82,8 +85,8 @@ test: redis-server cc interop-deps vet
 	  echo '$(GO) test -race -p 1 -count=1 -timeout 15m (the other packages)' >>$$log; \
 	  $(GO) test -race -p 1 -count=1 -timeout 15m $(RACE_BACK) >>$$log 2>&1 || rc=1; \
 	  echo $$rc >$$log.rc; } & \
-	echo '$(GO) test -race -count=1 -parallel 4 -timeout 25m .; then $(GO) test -race -count=1 -timeout 10m ./cmd/dlock  (and, at the same time: $(RUEIDIS_PASS); then $(INTEROP_PASS); then the other packages under -race)'; \
-	$(GO) test -race -count=1 -parallel 4 -timeout 25m .; rc=$$?; \
+	echo 'DLOCK_SPLIT=$(SPLIT) $(GO) test -race -count=1 -parallel 4 -timeout 25m .; then $(GO) test -race -count=1 -timeout 10m ./cmd/dlock  (and, at the same time: $(RUEIDIS_PASS); then $(INTEROP_PASS); then the other packages under -race)'; \
+	DLOCK_SPLIT=$(SPLIT) $(GO) test -race -count=1 -parallel 4 -timeout 25m .; rc=$$?; \
 	$(GO) test -race -count=1 -timeout 10m ./cmd/dlock || rc=1; \
 	wait; echo '$(RUEIDIS_PASS)'; cat $$log; rc2=$$(cat $$log.rc); rm -f $$log $$log.rc; \
 	test $$rc = 0 && test $$rc2 = 0

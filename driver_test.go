@@ -3,10 +3,14 @@ package dlock_test
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -129,18 +133,71 @@ func oneConnOnRueidis(t testing.TB, rdbs ...redis.UniversalClient) {
 	}
 }
 
-// rueidisShare returns how many of n seeded runs (a chaos test's
-// primitives, a test's rounds) a long randomized test makes: over rueidis,
-// in make test's rueidis pass, half of them, n/2 rounded up or down by a
-// coin, so that a single run is made every other time; n otherwise, and
-// always with DLOCK_CHAOS_ROUNDS (make chaos) or DLOCK_SEED (a replay).
-// The engine is the -race pass's, only the driver differs, and the
-// rueidis pass has little time.
-func rueidisShare(n int) int {
-	if !onRueidis() || os.Getenv("DLOCK_CHAOS_ROUNDS") != "" || os.Getenv("DLOCK_SEED") != "" {
+// passShare returns how many of n seeded runs (a chaos test's rounds)
+// a long randomized test makes in this pass. make test runs the root
+// package twice, under -race and over rueidis, and sets DLOCK_SPLIT to one
+// number for both passes: the -race pass then makes n/2 of the runs,
+// rounded up or down by that number's lowest bit, and the rueidis pass the
+// rest, so that between them they make each run once. Without DLOCK_SPLIT
+// (a plain go test), over go-redis every run is made, over rueidis half of
+// them, rounded by a coin. With DLOCK_CHAOS_ROUNDS (make chaos) or
+// DLOCK_SEED (a replay), always n. The engine is the same over both
+// drivers; only the driver differs, and make test has little time.
+func passShare(n int) int {
+	if os.Getenv("DLOCK_CHAOS_ROUNDS") != "" || os.Getenv("DLOCK_SEED") != "" {
 		return n
 	}
-	return n/2 + n%2*rand.IntN(2)
+	split, ok := envSplit()
+	if !ok {
+		if !onRueidis() {
+			return n
+		}
+		return n/2 + n%2*rand.IntN(2)
+	}
+	first := n/2 + n%2*int(split&1) // the -race pass's
+	if onRueidis() {
+		return n - first
+	}
+	return first
+}
+
+// shareOf returns the items (a chaos test's primitives) this pass runs,
+// as many as passShare says: with DLOCK_SPLIT, the -race pass takes the
+// first of them and the rueidis pass the others, in an order drawn from
+// the split and test (the name of the test), so that the two passes run
+// each one once and every make test shares them out anew; without it, a
+// random draw of that many.
+func shareOf(test string, items []string) []string {
+	n := passShare(len(items))
+	if n == len(items) {
+		return items
+	}
+	out := slices.Clone(items)
+	split, ok := envSplit()
+	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	if ok {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(test))
+		r = rand.New(rand.NewPCG(split, h.Sum64()))
+	}
+	r.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	if ok && onRueidis() {
+		return out[len(out)-n:]
+	}
+	return out[:n]
+}
+
+// envSplit reads DLOCK_SPLIT (see passShare).
+func envSplit() (uint64, bool) {
+	v := os.Getenv("DLOCK_SPLIT")
+	if v == "" {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		panic(fmt.Sprintf("DLOCK_SPLIT=%q: want a number", v))
+	}
+	return n, true
 }
 
 // skipOnRueidis skips a test that cannot run over rueidis, saying why.

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime/pprof"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,9 +61,10 @@ import (
 // the intervals (TestMutualExclusionAcrossProcesses checks a history of
 // fenced writes with it).
 //
-// A short run with a fresh seed is part of every test run (over rueidis,
-// for half the primitives, drawn at random, unless DLOCK_CHAOS_ROUNDS is
-// set); DLOCK_SEED replays one, DLOCK_CHAOS sets the duration of each run
+// A short run with a fresh seed is part of every test run (make test
+// shares the primitives out between its -race and rueidis passes, drawn
+// anew each time; a plain go test over rueidis runs half of them, unless
+// DLOCK_CHAOS_ROUNDS is set: see passShare); DLOCK_SEED replays one, DLOCK_CHAOS sets the duration of each run
 // (default 3s) and DLOCK_CHAOS_ROUNDS the number of seeds per primitive
 // (make chaos). Faults reach a rueidis client as a go-redis one
 // (injectFaults). A failure prints the command that replays it; with DLOCK_EVENTS=1 it also
@@ -151,15 +151,10 @@ func interleavings(t *testing.T, test string, topo ilTopology, kinds []string, p
 		rounds = 1
 	}
 	driver := driverPrefix()
-	if n := rueidisShare(len(kinds)); n < len(kinds) {
-		// make test's rueidis pass runs half the primitives, drawn anew
-		// each time (quorum mode's one, every other time).
-		if n == 0 {
-			t.Skipf("%s=rueidis: drawn out of this run, as half the primitives are (DLOCK_CHAOS_ROUNDS=1 runs it)", driverEnv)
-		}
-		kinds = slices.Clone(kinds)
-		rand.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
-		kinds = kinds[:n]
+	// make test runs each primitive once, over one of the two drivers
+	// (see passShare); a plain go test over rueidis, half of them.
+	if kinds = shareOf(test, kinds); len(kinds) == 0 {
+		t.Skip("drawn out of this pass, as half the primitives are (DLOCK_CHAOS_ROUNDS=1 runs it)")
 	}
 	for _, kind := range kinds {
 		t.Run(kind, func(t *testing.T) {

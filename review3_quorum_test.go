@@ -176,8 +176,9 @@ func TestReview3QuorumFarCounterDoesNotStick(t *testing.T) {
 // the masters' go-redis clients bound their I/O by the ctx
 // (ContextTimeoutEnabled); those rounds check only that every call
 // returned (see the limit below). DLOCK_SEED replays a seed. 8 rounds;
-// make test's rueidis pass runs 4 (see rueidisShare), where the masters'
-// rueidis clients have no such setting and every round checks the locks.
+// make test shares them out between its -race and rueidis passes (see
+// passShare); over rueidis the masters' clients have no such setting and
+// every round checks the locks.
 func TestReview3QuorumCloseRacesEverything(t *testing.T) {
 	seed, replay := envSeed(t)
 	if !replay {
@@ -213,7 +214,7 @@ func TestReview3QuorumCloseRacesEverything(t *testing.T) {
 	}
 	var grants atomic.Int64
 	defer func() { t.Logf("seed %d: %d grants", seed, grants.Load()) }()
-	for round := range rueidisShare(8) {
+	for round := range passShare(8) {
 		view := make([]redis.UniversalClient, len(servers))
 		for i, s := range servers {
 			rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = round%2 == 1 })
