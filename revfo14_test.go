@@ -59,6 +59,7 @@ func TestRevFo14FirstCallAfterFailover(t *testing.T) {
 func TestRevFo14AckedFirstCallAfterFailover(t *testing.T) {
 	for _, first := range []string{"TryLock", "Extend"} {
 		t.Run(first, func(t *testing.T) {
+			t.Parallel() // each waits for a failover of a topology of its own
 			r := redistest.StartReplicated(t)
 			ctx := ctxT(t, 60*time.Second)
 			rdb := redistest.NewFailoverClient(&redis.FailoverOptions{
