@@ -273,6 +273,12 @@ func (c *LinkedCluster) WaitReplica(t testing.TB, s *Server) {
 	waitFor(t, ctx, "the master "+master.Addr()+" to list "+s.Addr()+" online", func() bool {
 		return strings.Contains(master.info(ctx), online)
 	})
+	mid := NodeID(t, master)
+	for _, n := range clusterView(t, ctx, master) {
+		if n.ID == mid {
+			awaitInStep(t, ctx, master, s, probeKey(n.Serves))
+		}
+	}
 	waitTopology(t, ctx, c.running(), "every node to see "+s.Addr()+" as a replica", func(view []ClusterNode) bool {
 		for _, n := range view {
 			if n.ID == id {

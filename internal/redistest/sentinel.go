@@ -125,11 +125,55 @@ func StartReplica(t testing.TB, primary *Server, via bool) (replica *Server, lin
 	waitFor(t, ctx, "the replica to sync", func() bool {
 		return redisproc.InfoField(replica.info(ctx), "master_link_status") == "up"
 	})
-	waitFor(t, ctx, "the primary to count its replica", func() bool {
-		n := redisproc.InfoField(primary.info(ctx), "connected_slaves")
-		return n != "" && n != "0"
-	})
+	awaitInStep(t, ctx, primary, replica, "redistest:probe")
 	return replica, link
+}
+
+// awaitInStep waits until replica acknowledges primary's writes: after a
+// diskless sync the primary streams its writes to the replica (and counts
+// it for WAIT) only from the replica's first acknowledgement, which it
+// sends once a second, though INFO says online before (a test's first
+// WAIT was seen to time out). A WAIT for a write confirms it: a SET and
+// DEL of key, which primary must serve, so that no key is left (none: a
+// master without slots, not waited for).
+func awaitInStep(t testing.TB, ctx context.Context, primary, replica *Server, key string) {
+	t.Helper()
+	if key == "" {
+		return
+	}
+	pc := primary.client() // one connection: WAIT waits for its writes
+	defer pc.Close()
+	waitFor(t, ctx, "replica "+replica.Addr()+" to acknowledge the writes of "+primary.Addr(), func() bool {
+		if !replicaOnline(primary.info(ctx), strconv.Itoa(replica.Port())) {
+			return false
+		}
+		if pc.Set(ctx, key, "", 0).Err() != nil || pc.Del(ctx, key).Err() != nil {
+			return false
+		}
+		n, err := pc.Wait(ctx, 1, 100*time.Millisecond).Result()
+		return err == nil && n >= 1
+	})
+}
+
+// replicaOnline reports whether a primary's INFO lists the replica that
+// listens on port as online ("slaveN:ip=...,port=PORT,state=online,...").
+func replicaOnline(info, port string) bool {
+	for line := range strings.SplitSeq(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(k, "slave") || k == "slave_read_repl_offset" {
+			continue
+		}
+		f := map[string]string{}
+		for kv := range strings.SplitSeq(v, ",") {
+			if a, b, ok := strings.Cut(kv, "="); ok {
+				f[a] = b
+			}
+		}
+		if f["port"] == port && f["state"] == "online" {
+			return true
+		}
+	}
+	return false
 }
 
 // startLink starts a fault proxy to s, closed when the test ends.
@@ -287,6 +331,7 @@ func (r *Replicated) Rejoin(t testing.TB) {
 	waitFor(t, ctx, "the rejoined replica to sync", func() bool {
 		return redisproc.InfoField(r.Replica.info(ctx), "master_link_status") == "up"
 	})
+	awaitInStep(t, ctx, r.Primary, r.Replica, "redistest:probe")
 	port := strconv.Itoa(r.Replica.Port())
 	for _, s := range r.Sentinels {
 		c := s.client()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/internal/redisproc"
+	"github.com/dlock-go/dlock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -72,10 +73,13 @@ func replicatedCluster(t testing.TB, masters, replicas int, extra []string, anno
 		}
 	}
 	for i, m := range ms {
+		lo, hi := i*16384/masters, (i+1)*16384/masters-1
+		probe := probeKey(func(slot int) bool { return slot >= lo && slot <= hi })
 		for _, r := range rs[i] {
 			waitFor(t, ctx, "replica "+r.Addr()+" to sync with "+m.Addr(), func() bool {
 				return redisproc.InfoField(r.info(ctx), "master_link_status") == "up"
 			})
+			awaitInStep(t, ctx, m, r, probe)
 		}
 	}
 	waitTopology(t, ctx, all, "every node to see the replicas", func(view []ClusterNode) bool {
@@ -88,6 +92,18 @@ func replicatedCluster(t testing.TB, masters, replicas int, extra []string, anno
 		return slaves == masters*replicas
 	})
 	return ms, rs
+}
+
+// probeKey returns a key whose hash slot serves says a master serves, or
+// "" if it seems to serve none.
+func probeKey(serves func(slot int) bool) string {
+	for i := range 1 << 20 {
+		k := "redistest:probe:" + strconv.Itoa(i)
+		if serves(int(wire.Slot(k))) {
+			return k
+		}
+	}
+	return ""
 }
 
 // NodeID returns the server's cluster node id.
