@@ -233,15 +233,29 @@ func nextBackoff(d time.Duration) time.Duration { return min(2*d, maxBackoff) }
 // pause waits d, or until ctx ends or the Client closes (then the error
 // the call returns: ErrClosed, or one that errors.Is ctx.Err()).
 func (lk *lock) pause(ctx context.Context, d time.Duration) error {
+	switch err := lk.c.pause(ctx, d); {
+	case err == nil:
+		return nil
+	case err == ErrClosed:
+		return nameErr(lk.name, ErrClosed)
+	default:
+		return lk.fail(ctx, err)
+	}
+}
+
+// pause waits d, or until ctx ends (ctx.Err()) or c closes (ErrClosed):
+// every retry of a call backs off through it, so that Close ends the
+// call's wait at once.
+func (c *Client) pause(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return lk.fail(ctx, ctx.Err())
-	case <-lk.c.bg.Done():
-		return nameErr(lk.name, ErrClosed)
+		return ctx.Err()
+	case <-c.bg.Done():
+		return ErrClosed
 	}
 }
 

@@ -271,12 +271,12 @@ func (t *take) group(ctx context.Context, idx []int, wait bool) (took bool, bloc
 			return took, blocked, err
 		}
 		t.m.c.cfg.logger.Debug("dlock: multi acquire failed, retrying", "locks", t.m.label, "err", err)
-		if !sleepCtx(ctx, backoff) || t.m.c.closed.Load() {
+		if err := t.m.c.pause(ctx, backoff); err != nil || t.m.c.closed.Load() {
 			t.giveBack(ctx, idx)
-			if t.m.c.closed.Load() {
+			if err == nil || err == ErrClosed {
 				return false, 0, nameErr(t.m.label, ErrClosed)
 			}
-			return false, 0, t.fail(ctx, idx, ctx.Err())
+			return false, 0, t.fail(ctx, idx, err)
 		}
 		backoff = nextBackoff(backoff)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -204,4 +205,55 @@ func TestMultiLockAcquireReplyLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	free("Unlock", time.Second)
+}
+
+// TestMultiLockRetryEndsAtClose: a MultiLock.Lock whose group acquire keeps
+// failing with an unknown outcome (never sent: connection refused) retries
+// it with a backoff that grows to 500 ms. Close must end that wait at once,
+// as it ends a Mutex's: the Lock returns ErrClosed right after Close is
+// called, not once its pause is over. Close is called just after a failed
+// attempt, when a whole pause is ahead.
+func TestMultiLockRetryEndsAtClose(t *testing.T) {
+	s := redistest.Start(t)
+	c, in := reviewClient(t, s, time.Second, nil, faults.Rule{Script: "multi_acquire", Kind: faults.FailSend, P: 1})
+	ctx := ctxT(t, 30*time.Second)
+	failed := func() int {
+		n := 0
+		for k, v := range in.Stats() {
+			if strings.HasPrefix(k, "multi_acquire ") {
+				n += v
+			}
+		}
+		return n
+	}
+	done := make(chan error, 1)
+	go func() {
+		l, err := c.MultiLock([]string{"ml-close/a", "ml-close/b"}).Lock(ctx)
+		if err == nil {
+			err = fmt.Errorf("obtained %v", l.Names())
+		}
+		done <- err
+	}()
+	// 1+2+...+256 ms of pauses after nine failures: the tenth is followed
+	// by one of the full 500 ms.
+	waitFor(t, ctx, "ten failed group acquires", func() bool { return failed() >= 10 })
+	n := failed()
+	waitWithin(t, ctx, 2*time.Second, "the next failed group acquire", func() bool { return failed() > n })
+	closing := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case err := <-done:
+		if took := time.Since(closing); took > 250*time.Millisecond {
+			t.Errorf("Lock returned %v after Close was called: its retry's pause did not end at Close", took.Round(time.Millisecond))
+		}
+		if !errors.Is(err, dlock.ErrClosed) {
+			t.Errorf("Lock: %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lock did not return within 5 s of Close")
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
 }
