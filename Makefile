@@ -97,7 +97,7 @@ test: redis-server cc interop-deps vet
 # 30); a failure prints the command that replays its seed.
 chaos: redis-server
 	DLOCK_CHAOS=$${DLOCK_CHAOS:-10s} DLOCK_CHAOS_ROUNDS=$${DLOCK_CHAOS_ROUNDS:-10} \
-		$(GO) test -race -count=1 -timeout 90m -run '^TestInterleavings(ReplicaAck|LateGrants)?$$' .
+		$(GO) test -race -count=1 -timeout 90m -run '^TestInterleavings(ReplicaAck|LateGrants|Cluster)?$$' .
 	DLOCK_CHAOS=$${DLOCK_CHAOS:-10s} \
 		$(GO) test -race -count=$${DLOCK_CHAOS_ROUNDS:-10} -timeout 60m -run '^TestReviewQuorumInterleavings$$' .
 	DLOCK_CHAOS=$${DLOCK_CHAOS:-10s} DLOCK_CHAOS_ROUNDS=$${DLOCK_QUORUM_ROUNDS:-30} \

@@ -92,10 +92,25 @@ var rueidisFaults sync.Map // redis.UniversalClient → *faults.Injector
 // subscriptions of the dlock Client that newDlock makes over rdb, whichever
 // the driver: with go-redis it hooks rdb; with rueidis, newDlock makes its
 // rueidis client with in.NewRueidis, and rdb is left as it is. Call it
-// before newDlock.
+// before newDlock, and before rdb's first command.
+//
+// A go-redis ClusterClient gets in on each of its nodes' clients
+// (OnNewNode) rather than on itself: its own hooks see each command before
+// it is routed, but it dials nothing (its nodes' clients do), so Cut,
+// DelayWrite and the subscription faults, which act on the connections,
+// would never fire. On a node's client in sees every command sent to that
+// node (one redirected by MOVED or ASK again at the node it goes to), its
+// pipelines' and autopipelined batches' per node, and every connection it
+// dials, its sharded PubSubs' included. A rueidis cluster client is
+// wrapped whole (faults.NewRueidis): a command once, wherever rueidis
+// routes it, and every node connection dialed through the wrapped dialer.
 func injectFaults(t testing.TB, rdb redis.UniversalClient, in *faults.Injector) {
 	t.Helper()
 	if !onRueidis() {
+		if cc, ok := rdb.(*redis.ClusterClient); ok {
+			cc.OnNewNode(func(node *redis.Client) { node.AddHook(in) })
+			return
+		}
 		rdb.AddHook(in)
 		return
 	}

@@ -145,15 +145,19 @@ func (w *interleaving) giveUp(me *ilLease) {
 }
 
 // checkFree checks that, one TTL after every caller returned, nothing holds
-// the lock at Redis any more (on any master of a quorum): no name of the
-// run's pool.
+// the lock at Redis any more (on any master of a quorum; on a Cluster, on
+// the master that serves its slot now, and no key of it is left on the
+// others): no name of the run's pool.
 func (w *interleaving) checkFree(returned time.Time) {
 	t := w.t
 	deadline := returned.Add(w.maxTTL + 500*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if w.topo == ilCluster {
+		w.checkNoStrayKeys(ctx)
+	}
 	for _, name := range w.pool {
-		for i, plain := range w.plains {
+		for i, plain := range w.readers() {
 			for {
 				held, what := w.heldAtRedis(ctx, plain, name)
 				if !held {
@@ -180,7 +184,7 @@ func (w *interleaving) checkFree(returned time.Time) {
 // that needs permits prunes it, but it holds nothing). A semaphore's count
 // of permits used must always be the sum of its holdings'. A string lock
 // is held while its key is there.
-func (w *interleaving) heldAtRedis(ctx context.Context, plain *redis.Client, name string) (bool, string) {
+func (w *interleaving) heldAtRedis(ctx context.Context, plain redis.Cmdable, name string) (bool, string) {
 	t := w.t
 	if w.kind == "string" {
 		v, err := plain.Get(ctx, name).Result()
@@ -388,8 +392,9 @@ func (w *interleaving) checkRedis(fresh *ilLease) {
 	defer cancel()
 	read := w.now()
 	readAt := w.epoch.Add(read)
-	views := make([]ilView, len(w.plains))
-	for i, plain := range w.plains {
+	readers := w.readers()
+	views := make([]ilView, len(readers))
+	for i, plain := range readers {
 		views[i] = w.viewAt(ctx, plain)
 	}
 	// With replica acknowledgement every lease believed valid was
@@ -526,7 +531,7 @@ func (ic *ilClient) lastFaults(from time.Duration) string {
 // viewAt reads who holds the lock on the server rdb talks to: a mutex's
 // owner and fence counter, or a semaphore's holdings whose lease has time
 // left.
-func (w *interleaving) viewAt(ctx context.Context, rdb *redis.Client) (v ilView) {
+func (w *interleaving) viewAt(ctx context.Context, rdb redis.Cmdable) (v ilView) {
 	keys := wire.KeysOf(wire.DefaultPrefix, w.name)
 	switch w.kind {
 	case "multi":
@@ -581,6 +586,20 @@ func (w *interleaving) viewAt(ctx context.Context, rdb *redis.Client) (v ilView)
 		v.holders[z.Member.(string)] = z.Score
 	}
 	return v
+}
+
+// readers are the clients that read the lock at Redis: a plain client of
+// each master (one, off quorum mode), or on a Cluster a plain
+// ClusterClient, which finds each key on the master that serves it now.
+func (w *interleaving) readers() []redis.Cmdable {
+	if w.topo == ilCluster {
+		return []redis.Cmdable{w.cplain}
+	}
+	out := make([]redis.Cmdable, len(w.plains))
+	for i, p := range w.plains {
+		out[i] = p
+	}
+	return out
 }
 
 // expected fails the run for an error no fault explains.

@@ -5,8 +5,9 @@ package dlock_test
 // or TryLock), or now and then one name with a Mutex (a MultiLock's names
 // are ordinary mutexes, which exclude it and wait for it). The sets
 // overlap, and the pool's names come in two hash tags, two names each: on a
-// Cluster the names of one tag would be taken by one script, the others
-// slot by slot; on one server (the runs here) every set is one script. Each
+// Cluster (TestInterleavingsCluster, whose tags put the two slots on two
+// masters) the names of one tag are taken by one script, the others slot
+// by slot; on one server every set is one script. Each
 // check of the run is made per name: at most one lease believed valid holds
 // a name, the fences of each name (FenceOf) rise in grant order, a lease
 // believed valid owns each of its names at Redis (each name's hash names
