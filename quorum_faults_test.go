@@ -219,14 +219,20 @@ func TestFault12QuorumMastersDown(t *testing.T) {
 				t.Fatal("TryLock obtained the lock with 3 of 5 masters down")
 			}
 			t.Logf("TryLock with 3 of 5 down failed after %v (node timeout %v): %v", took, node, err)
-			freeOnAll(t, servers, name, "after a TryLock with 3 of 5 down")
+			// What the masters up granted in time is given back before
+			// TryLock returns; a grant whose reply came after the node
+			// timeout (a loaded machine), in the background: waited for,
+			// below the TTL.
+			releasedOnAll(t, servers, name, "after a TryLock with 3 of 5 down")
 			lctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 			_, err = b.Mutex(name, dlock.TTL(10*time.Second)).Lock(lctx)
 			cancel()
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("Lock with 3 of 5 masters down: %v, want its ctx's end", err)
 			}
-			freeOnAll(t, servers, name, "after a Lock with 3 of 5 down")
+			// An attempt that the ctx's end cut short gives back in the
+			// background (its give-back's own calls ended with the ctx).
+			releasedOnAll(t, servers, name, "after a Lock with 3 of 5 down")
 		})
 	}
 }
