@@ -219,14 +219,20 @@ func TestFault12QuorumMastersDown(t *testing.T) {
 				t.Fatal("TryLock obtained the lock with 3 of 5 masters down")
 			}
 			t.Logf("TryLock with 3 of 5 down failed after %v (node timeout %v): %v", took, node, err)
-			freeOnAll(t, servers, name, "after a TryLock with 3 of 5 down")
+			// What the masters up granted in time is given back before
+			// TryLock returns; a grant whose reply came after the node
+			// timeout (a loaded machine), in the background: waited for,
+			// below the TTL.
+			releasedOnAll(t, servers, name, "after a TryLock with 3 of 5 down")
 			lctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 			_, err = b.Mutex(name, dlock.TTL(10*time.Second)).Lock(lctx)
 			cancel()
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("Lock with 3 of 5 masters down: %v, want its ctx's end", err)
 			}
-			freeOnAll(t, servers, name, "after a Lock with 3 of 5 down")
+			// An attempt that the ctx's end cut short gives back in the
+			// background (its give-back's own calls ended with the ctx).
+			releasedOnAll(t, servers, name, "after a Lock with 3 of 5 down")
 		})
 	}
 }
@@ -494,6 +500,10 @@ func TestFault7QuorumRestartWithoutPersistence(t *testing.T) {
 					t.Fatalf("obtained the lock (on masters %v) right after master 2 restarted; A's lease believed valid: %v", heldOn(t, servers, name, l.Token()), stillValid(la))
 				}
 			}
+			// Each TryLock failed once every vote was in or timed out: a
+			// vote of master 2's past its timeout (a new connection to the
+			// restarted master, on a loaded machine) sets the key later.
+			waitFor(t, ctx, "master 2's epoch key set again", func() bool { return servers[2].Do(t, "exists", "dlock:epoch") == int64(1) })
 			start, _, _ := strings.Cut(servers[2].Do(t, "get", "dlock:epoch").(string), " ") // "START RUN_ID"
 			epoch, _ := strconv.ParseInt(start, 10, 64)
 			now := servers[2].Do(t, "time").([]any)
@@ -844,7 +854,9 @@ func TestFault17QuorumResetOnReleaseOrExtend(t *testing.T) {
 		t.Logf("%s ran on faulty masters %v", what, on)
 		return on
 	}
-	// B takes the lock; later, it must still hold it where it did.
+	// B takes the lock; later, it must still hold it where it did. Its
+	// TryLock returns once three granted: a grant of B's on its way then
+	// comes after bOn was read, and adds a master (A's calls cannot).
 	var bOn []int
 	bHolds := func(t *testing.T) *dlock.Lease {
 		l, err := b.Mutex(name, dlock.TTL(10*time.Second)).TryLock(ctx)
@@ -855,8 +867,11 @@ func TestFault17QuorumResetOnReleaseOrExtend(t *testing.T) {
 		return l
 	}
 	bKept := func(t *testing.T, l *dlock.Lease) {
-		if on := heldOn(t, servers, name, l.Token()); !slices.Equal(on, bOn) {
-			t.Fatalf("B holds the lock on masters %v, it did on %v (owners %q)", on, bOn, ownersOf(t, servers, name))
+		on := heldOn(t, servers, name, l.Token())
+		for _, i := range bOn {
+			if !slices.Contains(on, i) {
+				t.Fatalf("B holds the lock on masters %v, it did on %v (owners %q)", on, bOn, ownersOf(t, servers, name))
+			}
 		}
 		if err := l.Unlock(ctx); err != nil {
 			t.Fatalf("B's Unlock: %v", err)
