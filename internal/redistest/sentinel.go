@@ -133,31 +133,48 @@ func StartReplica(t testing.TB, primary *Server, via bool) (replica *Server, lin
 // diskless sync the primary streams its writes to the replica (and counts
 // it for WAIT) only from the replica's first acknowledgement, which it
 // sends once a second, though INFO says online before (a test's first
-// WAIT was seen to time out). A WAIT for a write confirms it: a SET and
-// DEL of key, which primary must serve, so that no key is left (none: a
-// master without slots, not waited for).
+// WAIT was seen to time out). A SET and DEL of key, which primary must
+// serve, so that no key is left (none: a master without slots, not waited
+// for), then a WAIT, which asks every replica for its offset: the
+// replica's own acknowledged offset (INFO's offset= for its port) must
+// have reached the primary's after the DEL. (A WAIT's count alone would
+// be answered by another replica already in step.)
 func awaitInStep(t testing.TB, ctx context.Context, primary, replica *Server, key string) {
 	t.Helper()
 	if key == "" {
 		return
 	}
+	port := strconv.Itoa(replica.Port())
 	pc := primary.client() // one connection: WAIT waits for its writes
 	defer pc.Close()
 	waitFor(t, ctx, "replica "+replica.Addr()+" to acknowledge the writes of "+primary.Addr(), func() bool {
-		if !replicaOnline(primary.info(ctx), strconv.Itoa(replica.Port())) {
+		online, _ := replicaOnline(primary.info(ctx), port)
+		if !online {
 			return false
 		}
 		if pc.Set(ctx, key, "", 0).Err() != nil || pc.Del(ctx, key).Err() != nil {
 			return false
 		}
-		n, err := pc.Wait(ctx, 1, 100*time.Millisecond).Result()
-		return err == nil && n >= 1
+		want, err := strconv.ParseInt(redisproc.InfoField(primary.info(ctx), "master_repl_offset"), 10, 64)
+		if err != nil {
+			return false
+		}
+		n, err := strconv.Atoi(redisproc.InfoField(primary.info(ctx), "connected_slaves"))
+		if err != nil || n < 1 {
+			return false
+		}
+		if pc.Wait(ctx, n, 100*time.Millisecond).Err() != nil {
+			return false
+		}
+		online, acked := replicaOnline(primary.info(ctx), port)
+		return online && acked >= want
 	})
 }
 
 // replicaOnline reports whether a primary's INFO lists the replica that
-// listens on port as online ("slaveN:ip=...,port=PORT,state=online,...").
-func replicaOnline(info, port string) bool {
+// listens on port as online ("slaveN:ip=...,port=PORT,state=online,
+// offset=OFF,..."), and the offset it last acknowledged.
+func replicaOnline(info, port string) (bool, int64) {
 	for line := range strings.SplitSeq(info, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok || !strings.HasPrefix(k, "slave") || k == "slave_read_repl_offset" {
@@ -170,10 +187,11 @@ func replicaOnline(info, port string) bool {
 			}
 		}
 		if f["port"] == port && f["state"] == "online" {
-			return true
+			off, _ := strconv.ParseInt(f["offset"], 10, 64)
+			return true, off
 		}
 	}
-	return false
+	return false, 0
 }
 
 // startLink starts a fault proxy to s, closed when the test ends.
