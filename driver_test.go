@@ -176,30 +176,34 @@ func passShare(n int) int {
 	return first
 }
 
-// shareOf returns the items (a chaos test's primitives) this pass runs,
-// as many as passShare says: with DLOCK_SPLIT, the -race pass takes the
-// first of them and the rueidis pass the others, in an order drawn from
-// the split and test (the name of the test), so that the two passes run
-// each one once and every make test shares them out anew; without it, a
-// random draw of that many.
+// shareOf returns the items (a chaos test's primitives) this pass runs.
+// With DLOCK_SPLIT (make test), the -race pass takes the first half of
+// them and the rueidis pass the others, in an order drawn from the split
+// and test (the name of the test), which also rounds an odd count up or
+// down for the -race pass: the two passes run each one once, every make
+// test shares them out anew, and tests of one primitive each fall to
+// either pass. Otherwise as many as passShare says, drawn at random.
 func shareOf(test string, items []string) []string {
-	n := passShare(len(items))
-	if n == len(items) {
-		return items
-	}
-	out := slices.Clone(items)
 	split, ok := envSplit()
-	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
-	if ok {
-		h := fnv.New64a()
-		_, _ = h.Write([]byte(test))
-		r = rand.New(rand.NewPCG(split, h.Sum64()))
+	if !ok || os.Getenv("DLOCK_CHAOS_ROUNDS") != "" || os.Getenv("DLOCK_SEED") != "" {
+		n := passShare(len(items))
+		if n == len(items) {
+			return items
+		}
+		out := slices.Clone(items)
+		rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+		return out[:n]
 	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(test))
+	r := rand.New(rand.NewPCG(split, h.Sum64()))
+	out := slices.Clone(items)
 	r.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
-	if ok && onRueidis() {
-		return out[len(out)-n:]
+	first := len(out)/2 + len(out)%2*int(r.Uint64()&1) // the -race pass's
+	if onRueidis() {
+		return out[first:]
 	}
-	return out[:n]
+	return out[:first]
 }
 
 // envSplit reads DLOCK_SPLIT (see passShare).
