@@ -46,6 +46,14 @@
 //     (per Cluster master), with pub/sub hooks, so that dlock sees every
 //     subscribe confirmed and every unsubscribe the server sends (a Cluster
 //     node does when a slot moves); Client.Receive reports neither.
+//   - A limit of rueidis (v1.0.79): a script running on the server longer
+//     than its busy-reply-threshold while one of dlock's subscriptions ends
+//     (a waiter gives up, for one) makes rueidis panic ("protocol
+//     bug, message handled out of order"), ending the process: the server
+//     answers -BUSY both to the unsubscribe and to the PING rueidis sends
+//     after it. Keep scripts on that server shorter than
+//     busy-reply-threshold, or use dlock over go-redis, which survives it
+//     (docs/SAFETY.md, Documented limits).
 //   - WithReplicaAck sends WAIT on a dedicated connection, after the write
 //     it counts. Its timeout is not checked against the client's read
 //     timeout (rueidis does not say what it is): keep it well below
