@@ -19,7 +19,6 @@ import (
 
 	"github.com/dlock-go/dlock/internal/redistest"
 	"github.com/dlock-go/dlock/internal/wire"
-	"github.com/redis/go-redis/v9"
 )
 
 // TestInterleavingsCluster is TestInterleavings on a Redis Cluster of three
@@ -101,8 +100,8 @@ func (w *interleaving) startCluster() {
 	w.cplain = redistest.ClusterClient(t, w.masters)
 	home := 1 + int(w.seed%2)
 	if w.kind != "multi" {
-		tag := w.tagOn(home, func(tag string) string { return fmt.Sprintf("il,%s {%s}:\n\xff", w.kind, tag) })
-		w.name = fmt.Sprintf("il,%s {%s}:\n\xff", w.kind, tag)
+		name := func(tag string) string { return fmt.Sprintf("il,%s {%s}:\n\xff", w.kind, tag) }
+		w.name = name(w.tagOn(home, name))
 		w.pool = []string{w.name}
 	} else {
 		other := (home + 1) % ilClusterMasters
@@ -152,18 +151,6 @@ func initialOwner(slot int) int {
 	return 0
 }
 
-// clusterClient returns a new ClusterClient of the run's Cluster, closed
-// when the test ends.
-func (w *interleaving) clusterClient() *redis.ClusterClient {
-	var addrs []string
-	for _, s := range w.masters {
-		addrs = append(addrs, s.Addr())
-	}
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	w.t.Cleanup(func() { _ = rdb.Close() })
-	return rdb
-}
-
 // pauseMaster stops a master from serving clients for d (CLIENT PAUSE
 // ALL): half the time the one that serves a slot of the run, else any.
 // The cluster bus goes on, and d is far below the node timeout (2 s):
@@ -188,7 +175,6 @@ func (w *interleaving) pauseMaster(r *rand.Rand, d time.Duration) {
 // migrate moves a slot of the run to another master, and half the time,
 // a little later (before stop), back to the master it left; at most
 // ilMigrations times a run.
-
 func (w *interleaving) migrate(r *rand.Rand, stop <-chan struct{}) {
 	w.mu.Lock()
 	if w.ops["migrate"]+w.ops["migrate back"] >= ilMigrations {

@@ -421,21 +421,18 @@ func (w *interleaving) newClient() *ilClient {
 		loadScripts(t, plain)
 	}
 	ic := &ilClient{gen: gen}
-	opts := []dlock.Option{dlock.WithAutoPipeline(r.IntN(2) == 0)}
+	var rdbs []redis.UniversalClient
 	if w.topo == ilCluster {
 		// One ClusterClient, its faults on the connections of every node.
 		in := w.injector(w.seed*1000+uint64(gen), 1)
-		rdb := w.clusterClient()
+		rdb := redistest.ClusterClient(t, w.masters)
 		injectFaults(t, rdb, in)
-		ic.ins = []*faults.Injector{in}
-		ic.c = newDlock(t, rdb, append(opts, dlock.WithLogger(slog.New(lateLog{&w.lateLocks, &w.startOvers})))...)
-		w.mu.Lock()
-		w.clients = append(w.clients, ic)
-		w.mu.Unlock()
-		return ic
+		rdbs, ic.ins = []redis.UniversalClient{rdb}, []*faults.Injector{in}
 	}
-	var rdbs []redis.UniversalClient
 	for i, s := range w.masters {
+		if w.topo == ilCluster {
+			break // its masters are reached through the ClusterClient
+		}
 		slow := 1.0
 		if i == 0 && w.topo == ilQuorum {
 			slow = w.prof.slow // one master is slow, or flaky, more often than the others
@@ -446,8 +443,9 @@ func (w *interleaving) newClient() *ilClient {
 		rdbs = append(rdbs, rdb)
 		ic.ins = append(ic.ins, in)
 	}
+	opts := []dlock.Option{dlock.WithAutoPipeline(r.IntN(2) == 0)}
 	switch w.topo {
-	case ilSingle:
+	case ilSingle, ilCluster:
 		ic.c = newDlock(t, rdbs[0], append(opts, dlock.WithLogger(slog.New(lateLog{&w.lateLocks, &w.startOvers})))...)
 	case ilReplicaAck:
 		ic.c = newDlock(t, rdbs[0], append(opts, dlock.WithReplicaAck(1, ilReplicaWait))...)

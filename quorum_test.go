@@ -577,11 +577,10 @@ func TestQuorumEpochNotBeforeRestart(t *testing.T) {
 			if l, lockErr = c.Mutex("epoch").TryLock(ctx); lockErr == nil {
 				_ = l.Unlock(ctx)
 			}
-			for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-				if got, ok = servers[0].Do(t, "get", "dlock:epoch").(string); ok || lockErr != nil || time.Now().After(deadline) {
-					break
-				}
-			}
+			pollUntil(ctx, 3*time.Second, func() bool {
+				got, ok = servers[0].Do(t, "get", "dlock:epoch").(string)
+				return ok || lockErr != nil
+			})
 		}
 		if !ok {
 			t.Fatalf("the restarted master has no epoch key after five TryLocks (the last: %v)", lockErr)

@@ -96,7 +96,7 @@ func TestBusyUnsubscribePanics(t *testing.T) {
 				t.Fatalf("child: %v (ctx %v), want it to exit with a panic\nstdout:\n%s\nstderr:\n%s", err, ctx.Err(), stdout.String(), stderr.String())
 			}
 			if !strings.Contains(stderr.String(), busyProtocolBug) {
-				t.Fatalf("child exited (%v) without %q: rueidis may no longer panic on -BUSY after an unsubscribe; update docs/PRODUCTION.md\nstdout:\n%s\nstderr:\n%s", err, busyProtocolBug, stdout.String(), stderr.String())
+				t.Fatalf("child exited (%v) without %q: rueidis may no longer panic on -BUSY after an unsubscribe; update the limit in docs/SAFETY.md and the package doc\nstdout:\n%s\nstderr:\n%s", err, busyProtocolBug, stdout.String(), stderr.String())
 			}
 			e := stderr.String()
 			e = e[strings.Index(e, busyProtocolBug):]

@@ -6,7 +6,6 @@ import (
 	"net"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -269,9 +268,9 @@ func (c *LinkedCluster) WaitReplica(t testing.TB, s *Server) {
 		return master != nil
 	})
 	// The master names its replicas by the port they listen on.
-	online := "port=" + strconv.Itoa(s.Port()) + ",state=online"
 	waitFor(t, ctx, "the master "+master.Addr()+" to list "+s.Addr()+" online", func() bool {
-		return strings.Contains(master.info(ctx), online)
+		online, _ := replicaOnline(master.info(ctx), strconv.Itoa(s.Port()))
+		return online
 	})
 	mid := NodeID(t, master)
 	for _, n := range clusterView(t, ctx, master) {

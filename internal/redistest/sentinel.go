@@ -148,25 +148,25 @@ func awaitInStep(t testing.TB, ctx context.Context, primary, replica *Server, ke
 	pc := primary.client() // one connection: WAIT waits for its writes
 	defer pc.Close()
 	waitFor(t, ctx, "replica "+replica.Addr()+" to acknowledge the writes of "+primary.Addr(), func() bool {
-		online, _ := replicaOnline(primary.info(ctx), port)
+		online, _ := replicaOnline(pc.Info(ctx).Val(), port)
 		if !online {
 			return false
 		}
 		if pc.Set(ctx, key, "", 0).Err() != nil || pc.Del(ctx, key).Err() != nil {
 			return false
 		}
-		want, err := strconv.ParseInt(redisproc.InfoField(primary.info(ctx), "master_repl_offset"), 10, 64)
+		want, err := strconv.ParseInt(redisproc.InfoField(pc.Info(ctx).Val(), "master_repl_offset"), 10, 64)
 		if err != nil {
 			return false
 		}
-		n, err := strconv.Atoi(redisproc.InfoField(primary.info(ctx), "connected_slaves"))
+		n, err := strconv.Atoi(redisproc.InfoField(pc.Info(ctx).Val(), "connected_slaves"))
 		if err != nil || n < 1 {
 			return false
 		}
 		if pc.Wait(ctx, n, 100*time.Millisecond).Err() != nil {
 			return false
 		}
-		online, acked := replicaOnline(primary.info(ctx), port)
+		online, acked := replicaOnline(pc.Info(ctx).Val(), port)
 		return online && acked >= want
 	})
 }
